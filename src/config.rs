@@ -1,0 +1,163 @@
+//! Command line and environment. Every flag has a `RESPCOORD_*` variable;
+//! a bad value exits with status 2 and a message naming the flag (clap).
+
+use std::{net::SocketAddr, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::{grpc::WatchSettings, registry::RegistryConfig};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "respcoord",
+    version,
+    about = "The response coordinator (machine M3) for realtime voice/LLM gateways"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the embedded in-memory coordinator over gRPC.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Parses `30s`, `5m`, `1h`, `1h30m`; zero is refused.
+fn positive_duration(raw: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(raw).map_err(|e| e.to_string())?;
+    if duration.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(duration)
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to serve gRPC on.
+    #[arg(long, env = "RESPCOORD_LISTEN", default_value = "0.0.0.0:50051")]
+    pub listen: SocketAddr,
+
+    /// A session no call names for this long is shut down with reason EXPIRED.
+    #[arg(long, env = "RESPCOORD_SESSION_IDLE_TTL", default_value = "1h", value_parser = positive_duration)]
+    pub session_idle_ttl: Duration,
+
+    /// A terminated session is forgotten this long after it terminated.
+    #[arg(long, env = "RESPCOORD_TOMBSTONE_TTL", default_value = "10m", value_parser = positive_duration)]
+    pub tombstone_ttl: Duration,
+
+    /// Most sessions (including terminated ones not yet forgotten).
+    #[arg(long, env = "RESPCOORD_MAX_SESSIONS", default_value_t = 1_000_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_sessions: u64,
+
+    /// Registry shards (independent locks); more shards, less contention.
+    #[arg(long, env = "RESPCOORD_SHARDS", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub shards: u64,
+
+    /// Events retained per session for Watch `after_revision` resume.
+    #[arg(long, env = "RESPCOORD_SESSION_HISTORY", default_value_t = 64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub session_history: u64,
+
+    /// Events retained coordinator-wide for Watch `after_seq` resume.
+    #[arg(long, env = "RESPCOORD_GLOBAL_HISTORY", default_value_t = 65_536,
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub global_history: u64,
+
+    /// Events a single-session watcher may fall behind before it is ended.
+    #[arg(long, env = "RESPCOORD_SESSION_WATCH_BUFFER", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub session_watch_buffer: u64,
+
+    /// Events a watch-all watcher may fall behind before it is ended.
+    #[arg(long, env = "RESPCOORD_WATCH_ALL_BUFFER", default_value_t = 16_384,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub watch_all_buffer: u64,
+
+    /// A quiet Watch stream gets a bookmark at least this often.
+    #[arg(long, env = "RESPCOORD_BOOKMARK_INTERVAL", default_value = "10s", value_parser = positive_duration)]
+    pub bookmark_interval: Duration,
+
+    /// On SIGTERM, how long in-flight calls may take before the process exits anyway.
+    #[arg(long, env = "RESPCOORD_SHUTDOWN_GRACE", default_value = "10s", value_parser = positive_duration)]
+    pub shutdown_grace: Duration,
+
+    /// Log line format.
+    #[arg(long, env = "RESPCOORD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+
+    /// Log filter, in `tracing` EnvFilter syntax (e.g. `info,respcoord=debug`).
+    #[arg(long, env = "RESPCOORD_LOG", default_value = "info")]
+    pub log: String,
+}
+
+impl ServeArgs {
+    pub fn registry_config(&self) -> RegistryConfig {
+        let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        RegistryConfig {
+            shards: size(self.shards),
+            max_sessions: size(self.max_sessions),
+            idle_ttl: self.session_idle_ttl,
+            tombstone_ttl: self.tombstone_ttl,
+            session_history: size(self.session_history),
+            global_history: size(self.global_history),
+            session_watch_buffer: size(self.session_watch_buffer),
+            watch_all_buffer: size(self.watch_all_buffer),
+        }
+    }
+
+    pub fn watch_settings(&self) -> WatchSettings {
+        WatchSettings {
+            bookmark_interval: self.bookmark_interval,
+            ..WatchSettings::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let cli = Cli::try_parse_from(["respcoord", "serve"]).unwrap();
+        let Command::Serve(args) = cli.command;
+        assert_eq!(args.listen, "0.0.0.0:50051".parse().unwrap());
+        assert_eq!(args.session_idle_ttl, Duration::from_secs(3600));
+        assert_eq!(args.tombstone_ttl, Duration::from_secs(600));
+        assert_eq!(args.max_sessions, 1_000_000);
+        assert_eq!(args.bookmark_interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn durations_parse_and_zero_is_refused() {
+        let cli = Cli::try_parse_from([
+            "respcoord",
+            "serve",
+            "--session-idle-ttl",
+            "30s",
+            "--tombstone-ttl",
+            "5m",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command;
+        assert_eq!(args.session_idle_ttl, Duration::from_secs(30));
+        assert_eq!(args.tombstone_ttl, Duration::from_secs(300));
+        let err =
+            Cli::try_parse_from(["respcoord", "serve", "--session-idle-ttl", "0s"]).unwrap_err();
+        assert!(err.to_string().contains("--session-idle-ttl"), "{err}");
+        let err = Cli::try_parse_from(["respcoord", "serve", "--max-sessions", "0"]).unwrap_err();
+        assert!(err.to_string().contains("--max-sessions"), "{err}");
+    }
+}

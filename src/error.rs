@@ -1,0 +1,48 @@
+//! The coordinator's typed errors. The gRPC layer maps each variant to one
+//! status code in one place (`grpc::status`); nothing else picks codes.
+
+use crate::{events::Lagged, ids::SessionId};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CoordError {
+    /// Bad input, refused before anything changed. `field` is the request
+    /// field's wire name.
+    #[error("{field}: {reason}")]
+    InvalidArgument { field: &'static str, reason: String },
+
+    #[error("session {0:?} not found")]
+    SessionNotFound(SessionId),
+
+    #[error("session {0:?} is terminated: no response starts after teardown")]
+    SessionTerminated(SessionId),
+
+    #[error("session limit of {max} reached: cannot create another session")]
+    SessionLimit { max: usize },
+
+    #[error(
+        "{field}={requested} is no longer retained (resume from {oldest_available} or later); \
+         re-read the state and watch from its revision"
+    )]
+    HistoryUnavailable {
+        field: &'static str,
+        requested: u64,
+        oldest_available: u64,
+    },
+
+    #[error(
+        "watcher fell behind by {} events and was ended; resume after revision {} / seq {}",
+        .0.missed,
+        .0.last_revision.unwrap_or(0),
+        .0.last_seq.unwrap_or(0)
+    )]
+    WatcherLagged(Lagged),
+}
+
+impl CoordError {
+    pub fn invalid(field: &'static str, reason: impl ToString) -> Self {
+        CoordError::InvalidArgument {
+            field,
+            reason: reason.to_string(),
+        }
+    }
+}

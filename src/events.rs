@@ -1,0 +1,401 @@
+//! The event log and fan-out: sequencing, retention and delivery to watchers.
+//!
+//! Every transition's events pass through [`EventLog::append`], which gives
+//! them their coordinator-wide `seq` under one short lock, keeps a bounded
+//! window of them for `after_seq` resume, and hands them to watchers through
+//! bounded `tokio::sync::broadcast` channels. Sending on a broadcast channel
+//! never waits, so a slow watcher can only fall behind, never slow a call: when
+//! it falls further behind than its channel holds, its receiver reports the lag
+//! and the watch is ended with a status that says so (never a silent gap).
+//!
+//! `seq` starts just above the Unix time in nanoseconds at boot. Any seq a
+//! previous process handed out is therefore below this process's first one, so
+//! a client resuming across a restart gets OUT_OF_RANGE (re-list) instead of
+//! silently skipping, and response ids (which are seqs, see the registry) are
+//! never reused across restarts.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard, PoisonError,
+    },
+};
+
+use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
+
+use crate::{error::CoordError, ids::SessionId, machine::EventKind};
+
+/// One emitted event, as watchers and the retained history see it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LifecycleEvent {
+    pub session_id: SessionId,
+    /// Per session, 1, 2, 3, ... with no gap.
+    pub revision: u64,
+    /// Coordinator-wide, strictly increasing, dense.
+    pub seq: u64,
+    pub unix_nanos: i64,
+    pub kind: EventKind,
+}
+
+impl LifecycleEvent {
+    pub fn is_terminated(&self) -> bool {
+        matches!(self.kind, EventKind::Terminated { .. })
+    }
+}
+
+pub type SharedEvent = Arc<LifecycleEvent>;
+
+/// Sizes of the log's buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct LogLimits {
+    /// Events kept for watch-all resume (`after_seq`).
+    pub retained_events: usize,
+    /// Events a watch-all watcher may trail the log by before it is ended.
+    pub watch_all_buffer: usize,
+}
+
+pub struct EventLog {
+    inner: Mutex<LogInner>,
+    /// Highest seq whose events have been handed to every channel. Read
+    /// without the lock by bookmarks and listings; written inside it.
+    published_seq: AtomicU64,
+    /// The seq "before the first event" of this process.
+    base_seq: u64,
+}
+
+struct LogInner {
+    next_seq: u64,
+    retained: VecDeque<SharedEvent>,
+    retained_capacity: usize,
+    /// Every seq up to here has been dropped from `retained`.
+    evicted_through: u64,
+    watch_all: broadcast::Sender<SharedEvent>,
+}
+
+impl EventLog {
+    pub fn new(base_seq: u64, limits: LogLimits) -> Self {
+        let (watch_all, _) = broadcast::channel(limits.watch_all_buffer.max(1));
+        Self {
+            inner: Mutex::new(LogInner {
+                next_seq: base_seq + 1,
+                retained: VecDeque::with_capacity(limits.retained_events.min(4096)),
+                retained_capacity: limits.retained_events,
+                evicted_through: base_seq,
+                watch_all,
+            }),
+            published_seq: AtomicU64::new(base_seq),
+            base_seq,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LogInner> {
+        // A panic while appending cannot leave the log half-written in a way
+        // that matters more than stopping the service would, so keep serving.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn published_seq(&self) -> u64 {
+        self.published_seq.load(Ordering::Acquire)
+    }
+
+    /// Sequences and publishes one transition's events. `produce` receives the
+    /// seq its first event must carry and returns the events it stamped (with
+    /// consecutive seqs from there) plus whatever the caller needs back.
+    ///
+    /// Called with the session's shard locked, so per-session order is the
+    /// shard's; this lock makes the global order. Both are held only for
+    /// in-memory work: no await, no I/O.
+    pub fn append<R: AsRef<[SharedEvent]>>(
+        &self,
+        session_watchers: Option<&broadcast::Sender<SharedEvent>>,
+        produce: impl FnOnce(u64) -> R,
+    ) -> R {
+        let mut inner = self.lock();
+        let first_seq = inner.next_seq;
+        let result = produce(first_seq);
+        let events = result.as_ref();
+        let Some(last) = events.last() else {
+            return result;
+        };
+        debug_assert_eq!(last.seq, first_seq + events.len() as u64 - 1);
+        for event in events {
+            inner.retain(event.clone());
+            // An error only means nobody is watching right now.
+            let _ = inner.watch_all.send(event.clone());
+            if let Some(watchers) = session_watchers {
+                let _ = watchers.send(event.clone());
+            }
+        }
+        let last_seq = last.seq;
+        inner.next_seq = last_seq + 1;
+        self.published_seq.store(last_seq, Ordering::Release);
+        result
+    }
+
+    /// Watch every session from `after_seq` (replaying what is retained) or,
+    /// with `None`, from now on.
+    pub fn subscribe_all(
+        self: &Arc<Self>,
+        after_seq: Option<u64>,
+    ) -> Result<Subscription, CoordError> {
+        let inner = self.lock();
+        let live = inner.watch_all.subscribe();
+        let mut backlog = VecDeque::new();
+        let mut skip_through = 0;
+        if let Some(after) = after_seq {
+            // 0 means "from this coordinator's first event".
+            let after = if after == 0 { self.base_seq } else { after };
+            if after < inner.evicted_through {
+                return Err(CoordError::HistoryUnavailable {
+                    field: "after_seq",
+                    requested: after,
+                    oldest_available: inner.evicted_through,
+                });
+            }
+            let start = inner.retained.partition_point(|e| e.seq <= after);
+            backlog.extend(inner.retained.range(start..).cloned());
+            skip_through = after;
+        }
+        drop(inner);
+        Ok(Subscription::new(
+            Scope::All {
+                skip_through_seq: skip_through,
+            },
+            backlog,
+            live,
+            Arc::clone(self),
+            None,
+        ))
+    }
+}
+
+impl LogInner {
+    fn retain(&mut self, event: SharedEvent) {
+        if self.retained_capacity == 0 {
+            self.evicted_through = event.seq;
+            return;
+        }
+        if self.retained.len() == self.retained_capacity {
+            if let Some(old) = self.retained.pop_front() {
+                self.evicted_through = old.seq;
+            }
+        }
+        self.retained.push_back(event);
+    }
+}
+
+/// What a watch covers, and which live events it has already been given (or
+/// asked to skip) through its backlog.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scope {
+    Session { skip_through_revision: u64 },
+    All { skip_through_seq: u64 },
+}
+
+/// A watch ended because its watcher fell behind the live stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lagged {
+    /// How many events it missed.
+    pub missed: u64,
+    /// The last event it was given (resume after this), if any.
+    pub last_revision: Option<u64>,
+    pub last_seq: Option<u64>,
+}
+
+/// The next thing a watch should send.
+#[derive(Debug)]
+pub enum Delivery {
+    /// Events in order. The watch ends after sending them if `last` is true.
+    Events {
+        events: Vec<SharedEvent>,
+        last: bool,
+    },
+    /// Nothing more will come: end the stream cleanly.
+    End,
+}
+
+/// Runs a closure when dropped: how a session watch releases its channel.
+pub(crate) struct OnDrop(Option<Box<dyn FnOnce() + Send + Sync>>);
+
+impl OnDrop {
+    pub(crate) fn new(f: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self(Some(Box::new(f)))
+    }
+}
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+/// One watcher's view of the stream: the retained backlog it asked for, then
+/// live events, with no gap and no duplicate between the two (both were taken
+/// under the lock that orders publication).
+pub struct Subscription {
+    backlog: VecDeque<SharedEvent>,
+    // Field order matters: the receiver must be dropped before `_release`
+    // runs, so the release sees this watcher gone.
+    live: broadcast::Receiver<SharedEvent>,
+    scope: Scope,
+    log: Arc<EventLog>,
+    finished: bool,
+    last_seq: Option<u64>,
+    last_revision: Option<u64>,
+    _release: Option<OnDrop>,
+}
+
+impl Subscription {
+    pub(crate) fn new(
+        scope: Scope,
+        backlog: VecDeque<SharedEvent>,
+        live: broadcast::Receiver<SharedEvent>,
+        log: Arc<EventLog>,
+        release: Option<OnDrop>,
+    ) -> Self {
+        Self {
+            backlog,
+            live,
+            scope,
+            log,
+            finished: false,
+            last_seq: None,
+            last_revision: None,
+            _release: release,
+        }
+    }
+
+    /// A session watch whose session already ended: it replays `backlog`
+    /// (possibly empty) and then ends.
+    pub(crate) fn finish_after_backlog(mut self) -> Self {
+        // A terminated session's backlog, if any, ends with its `terminated`
+        // event, which ends the watch; with no backlog there is nothing to wait for.
+        if self.backlog.is_empty() {
+            self.finished = true;
+        }
+        self
+    }
+
+    fn wanted(&self, event: &LifecycleEvent) -> bool {
+        match self.scope {
+            Scope::Session {
+                skip_through_revision,
+            } => event.revision > skip_through_revision,
+            Scope::All { skip_through_seq } => event.seq > skip_through_seq,
+        }
+    }
+
+    fn lagged(&self, missed: u64) -> Lagged {
+        Lagged {
+            missed,
+            last_revision: self.last_revision,
+            last_seq: self.last_seq,
+        }
+    }
+
+    /// Adds `event` to `batch`; true if the watch must end after it.
+    fn take(&mut self, event: SharedEvent, batch: &mut Vec<SharedEvent>) -> bool {
+        self.last_seq = Some(event.seq);
+        self.last_revision = Some(event.revision);
+        let ends = matches!(self.scope, Scope::Session { .. }) && event.is_terminated();
+        batch.push(event);
+        ends
+    }
+
+    fn deliver(&mut self, events: Vec<SharedEvent>, last: bool) -> Delivery {
+        if last {
+            self.finished = true;
+            self.backlog.clear();
+        }
+        Delivery::Events { events, last }
+    }
+
+    /// Waits for the next events (at most `max`), backlog first.
+    pub async fn next(&mut self, max: usize) -> Result<Delivery, Lagged> {
+        if self.finished {
+            return Ok(Delivery::End);
+        }
+        let max = max.max(1);
+        let mut batch = Vec::new();
+        let mut ends = false;
+        if !self.backlog.is_empty() {
+            while batch.len() < max && !ends {
+                let Some(event) = self.backlog.pop_front() else {
+                    break;
+                };
+                ends = self.take(event, &mut batch);
+            }
+            return Ok(self.deliver(batch, ends));
+        }
+        loop {
+            match self.live.recv().await {
+                Ok(event) if self.wanted(&event) => {
+                    ends = self.take(event, &mut batch);
+                    break;
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(missed)) => return Err(self.lagged(missed)),
+                Err(RecvError::Closed) => {
+                    self.finished = true;
+                    return Ok(Delivery::End);
+                }
+            }
+        }
+        if !ends {
+            ends = self.drain_ready(&mut batch, max)?;
+        }
+        Ok(self.deliver(batch, ends))
+    }
+
+    /// Moves already-published events into `batch` without waiting; true if
+    /// the watch must end after them.
+    fn drain_ready(&mut self, batch: &mut Vec<SharedEvent>, max: usize) -> Result<bool, Lagged> {
+        while batch.len() < max {
+            match self.live.try_recv() {
+                Ok(event) if self.wanted(&event) => {
+                    if self.take(event, batch) {
+                        return Ok(true);
+                    }
+                }
+                Ok(_) => {}
+                Err(TryRecvError::Empty | TryRecvError::Closed) => break,
+                Err(TryRecvError::Lagged(missed)) => return Err(self.lagged(missed)),
+            }
+        }
+        Ok(false)
+    }
+
+    /// For a quiet stream: either events that arrived meanwhile (send them),
+    /// or a progress seq every matching event up to which has been delivered.
+    pub fn bookmark(&mut self, max: usize) -> Result<Bookmark, Lagged> {
+        if !self.backlog.is_empty() || self.finished {
+            return Ok(Bookmark::NotNow);
+        }
+        // Read the published seq first: every event at or below it was handed
+        // to our channel before the store, so an empty channel afterwards
+        // proves we have them all.
+        let published = self.log.published_seq();
+        let mut batch = Vec::new();
+        let ends = self.drain_ready(&mut batch, max.max(1))?;
+        if !batch.is_empty() {
+            return Ok(Bookmark::Events(self.deliver(batch, ends)));
+        }
+        Ok(Bookmark::Progress(
+            published.max(self.last_seq.unwrap_or(0)),
+        ))
+    }
+}
+
+/// The answer to [`Subscription::bookmark`].
+#[derive(Debug)]
+pub enum Bookmark {
+    /// Progress seq for a bookmark message.
+    Progress(u64),
+    /// Events arrived; send these instead of a bookmark.
+    Events(Delivery),
+    /// The stream is not quiet (backlog pending) or is ending.
+    NotNow,
+}

@@ -1,0 +1,294 @@
+//! Machine M3: response coordination for one session, as a pure function.
+//!
+//! This is the whole of the decision logic. [`transition`] is total over
+//! `(Phase, Input)`, deterministic, and free of I/O, clocks and async: the
+//! registry feeds it inputs and carries out what it returns (stamping and
+//! publishing events, answering the caller). Because a call is one call of
+//! [`transition`] under the session's lock, superseding a response cancels the
+//! old one and starts the new one in a single step; the spec's `atomic start`
+//! (`shared/spec/response_lifecycle.fizz`) is this function's shape, and the
+//! legacy dual-writer race it removes cannot be expressed here.
+//!
+//! The state is an enum whose variants carry only their own data, so "active
+//! with no response" or "terminated with a live response" cannot be written.
+
+use arrayvec::ArrayVec;
+
+use crate::ids::ResponseId;
+
+/// Which gateway path asked. Recorded for observability only: no transition
+/// ever depends on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Source {
+    #[default]
+    Unspecified,
+    Client,
+    Vad,
+}
+
+/// The response that is live in an active session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ActiveResponse {
+    pub id: ResponseId,
+    pub source: Source,
+}
+
+/// The session's phase. `Terminated` is absorbing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Phase {
+    #[default]
+    Idle,
+    Active(ActiveResponse),
+    Terminated,
+}
+
+impl Phase {
+    pub fn active(self) -> Option<ActiveResponse> {
+        match self {
+            Phase::Active(active) => Some(active),
+            Phase::Idle | Phase::Terminated => None,
+        }
+    }
+}
+
+/// How a response reported its own end. Cancellation is never reported by the
+/// response itself, so it is not a variant (the edge rejects it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FinishStatus {
+    Completed,
+    Failed,
+}
+
+/// Why a session is torn down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TeardownReason {
+    /// An explicit Shutdown call.
+    Shutdown,
+    /// No call named the session for the idle TTL.
+    Expired,
+}
+
+/// Why a response was cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CancelReason {
+    Superseded,
+    Requested,
+    Shutdown,
+    Expired,
+}
+
+impl From<TeardownReason> for CancelReason {
+    fn from(reason: TeardownReason) -> Self {
+        match reason {
+            TeardownReason::Shutdown => CancelReason::Shutdown,
+            TeardownReason::Expired => CancelReason::Expired,
+        }
+    }
+}
+
+/// A response's terminal. Only a cancellation carries a reason, so an `ended`
+/// event with status COMPLETED and a reason cannot be constructed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ending {
+    Completed,
+    Failed,
+    Cancelled(CancelReason),
+}
+
+impl From<FinishStatus> for Ending {
+    fn from(status: FinishStatus) -> Self {
+        match status {
+            FinishStatus::Completed => Ending::Completed,
+            FinishStatus::Failed => Ending::Failed,
+        }
+    }
+}
+
+/// What one transition emits, in order. Each becomes one `LifecycleEvent`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    Started {
+        response: ResponseId,
+        source: Source,
+    },
+    CancelRequested {
+        response: ResponseId,
+        reason: CancelReason,
+    },
+    Ended {
+        response: ResponseId,
+        ending: Ending,
+    },
+    Terminated {
+        reason: TeardownReason,
+    },
+}
+
+/// The inputs M3 accepts: the spec's actions, with the data each needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Input {
+    /// StartFromClient / StartFromVad. `new_response` is minted by the caller
+    /// (it must exceed every id this session has used); it is only consumed if
+    /// the transition accepts the start.
+    Start {
+        new_response: ResponseId,
+        source: Source,
+    },
+    /// FinishCurrent, fenced by id: only the active response may finish.
+    /// `None` (wire id 0) never matches and is therefore always stale.
+    Finish {
+        response: Option<ResponseId>,
+        status: FinishStatus,
+    },
+    /// CancelReq. With `only_if`, cancels only that response.
+    Cancel { only_if: Option<ResponseId> },
+    /// Shutdown (explicit) or idle expiry.
+    Teardown { reason: TeardownReason },
+}
+
+/// The reply a transition owes its caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    Started {
+        response: ResponseId,
+        superseded: Option<ResponseId>,
+    },
+    /// Start on a terminated session: nothing changed.
+    StartRefused,
+    Finished {
+        applied: bool,
+    },
+    Cancelled {
+        cancelled: Option<ResponseId>,
+    },
+    TornDown {
+        cancelled: Option<ResponseId>,
+    },
+}
+
+/// Most events one transition emits (supersede and teardown emit three).
+pub const MAX_EVENTS_PER_TRANSITION: usize = 3;
+
+/// The result of one transition: next phase, its events in order, the reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub next: Phase,
+    pub events: ArrayVec<EventKind, MAX_EVENTS_PER_TRANSITION>,
+    pub outcome: Outcome,
+}
+
+impl Transition {
+    fn unchanged(phase: Phase, outcome: Outcome) -> Self {
+        Self {
+            next: phase,
+            events: ArrayVec::new(),
+            outcome,
+        }
+    }
+}
+
+/// The events that stop `active` for `reason`: first the request to stop, then
+/// its cancelled terminal. Every path that cancels goes through here, so every
+/// cancellation is announced the same way.
+fn cancel_events(
+    events: &mut ArrayVec<EventKind, MAX_EVENTS_PER_TRANSITION>,
+    active: ActiveResponse,
+    reason: CancelReason,
+) {
+    events.push(EventKind::CancelRequested {
+        response: active.id,
+        reason,
+    });
+    events.push(EventKind::Ended {
+        response: active.id,
+        ending: Ending::Cancelled(reason),
+    });
+}
+
+/// M3's transition function. Total: every `(phase, input)` pair has an answer.
+pub fn transition(phase: Phase, input: Input) -> Transition {
+    let mut events = ArrayVec::new();
+    match (phase, input) {
+        (Phase::Terminated, Input::Start { .. }) => {
+            Transition::unchanged(phase, Outcome::StartRefused)
+        }
+        (
+            Phase::Idle | Phase::Active(_),
+            Input::Start {
+                new_response,
+                source,
+            },
+        ) => {
+            let superseded = phase.active();
+            if let Some(old) = superseded {
+                cancel_events(&mut events, old, CancelReason::Superseded);
+            }
+            events.push(EventKind::Started {
+                response: new_response,
+                source,
+            });
+            Transition {
+                next: Phase::Active(ActiveResponse {
+                    id: new_response,
+                    source,
+                }),
+                events,
+                outcome: Outcome::Started {
+                    response: new_response,
+                    superseded: superseded.map(|old| old.id),
+                },
+            }
+        }
+        (Phase::Active(active), Input::Finish { response, status })
+            if response == Some(active.id) =>
+        {
+            events.push(EventKind::Ended {
+                response: active.id,
+                ending: status.into(),
+            });
+            Transition {
+                next: Phase::Idle,
+                events,
+                outcome: Outcome::Finished { applied: true },
+            }
+        }
+        (_, Input::Finish { .. }) => {
+            Transition::unchanged(phase, Outcome::Finished { applied: false })
+        }
+        (Phase::Active(active), Input::Cancel { only_if })
+            if only_if.is_none_or(|id| id == active.id) =>
+        {
+            cancel_events(&mut events, active, CancelReason::Requested);
+            Transition {
+                next: Phase::Idle,
+                events,
+                outcome: Outcome::Cancelled {
+                    cancelled: Some(active.id),
+                },
+            }
+        }
+        (_, Input::Cancel { .. }) => {
+            Transition::unchanged(phase, Outcome::Cancelled { cancelled: None })
+        }
+        (Phase::Terminated, Input::Teardown { .. }) => {
+            Transition::unchanged(phase, Outcome::TornDown { cancelled: None })
+        }
+        (Phase::Idle | Phase::Active(_), Input::Teardown { reason }) => {
+            let cancelled = phase.active();
+            if let Some(active) = cancelled {
+                cancel_events(&mut events, active, reason.into());
+            }
+            events.push(EventKind::Terminated { reason });
+            Transition {
+                next: Phase::Terminated,
+                events,
+                outcome: Outcome::TornDown {
+                    cancelled: cancelled.map(|active| active.id),
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

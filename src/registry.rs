@@ -1,0 +1,687 @@
+//! The session registry: a sharded map of session actors keyed by session id.
+//!
+//! A session's actor is its [`Session`] record under its shard's
+//! `std::sync::Mutex`: every call on a session is one synchronous critical
+//! section (look up, run the pure machine, sequence and publish the events,
+//! snapshot the reply), so calls on one session are serialized and a reply is
+//! only built after its events are in the log. No lock is held across an
+//! `.await`, which is why a plain mutex beats a task-per-session here: a
+//! million sessions cost a million records, not a million tasks.
+//!
+//! Sessions hash to shards, so calls on sessions in different shards never
+//! wait for each other's session work; they share only the event log's short
+//! sequencing lock, which is what gives watch-all its total order.
+//!
+//! Expiry: each shard keeps a min-heap of (due time, session) with at most one
+//! live entry per session. A call only moves the session's `last_call`; the
+//! entry is looked at when it comes due and refiled if the session was used
+//! meanwhile. So a call costs no index work, and an idle coordinator wakes
+//! only when something is actually due, never to scan every session.
+
+use std::{
+    cmp::Reverse,
+    collections::{BTreeMap, BinaryHeap, HashMap, VecDeque},
+    hash::BuildHasher,
+    ops::Bound,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex, MutexGuard, PoisonError,
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
+use tokio::sync::{broadcast, Notify};
+
+use crate::{
+    error::CoordError,
+    events::{EventLog, LogLimits, OnDrop, Scope, SharedEvent, Subscription},
+    ids::{ResponseId, SessionId},
+    machine::{Outcome, Phase, TeardownReason},
+    session::{Call, ExpiryCheck, Millis, Session, SessionSnapshot, StartRecord, Ttls},
+};
+
+/// Tunables of the registry; see `config` for the flags that set them.
+#[derive(Clone, Copy, Debug)]
+pub struct RegistryConfig {
+    pub shards: usize,
+    pub max_sessions: usize,
+    pub idle_ttl: Duration,
+    pub tombstone_ttl: Duration,
+    /// Events kept per session for `after_revision` resume.
+    pub session_history: usize,
+    /// Events kept coordinator-wide for `after_seq` resume.
+    pub global_history: usize,
+    /// Events a session watcher may trail by before it is ended.
+    pub session_watch_buffer: usize,
+    /// Events a watch-all watcher may trail by before it is ended.
+    pub watch_all_buffer: usize,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            shards: 64,
+            max_sessions: 1_000_000,
+            idle_ttl: Duration::from_secs(3600),
+            tombstone_ttl: Duration::from_secs(600),
+            session_history: 64,
+            global_history: 65_536,
+            session_watch_buffer: 256,
+            watch_all_buffer: 16_384,
+        }
+    }
+}
+
+/// The coordinator's clock: monotonic milliseconds for deadlines (tokio's
+/// clock, so tests can pause and advance it) and wall time for event stamps.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    origin: tokio::time::Instant,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Self {
+            origin: tokio::time::Instant::now(),
+        }
+    }
+
+    pub fn now(&self) -> Millis {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub fn instant_at(&self, at: Millis) -> tokio::time::Instant {
+        self.origin + Duration::from_millis(at)
+    }
+
+    fn unix_nanos() -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+    }
+}
+
+/// Start's reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Started {
+    pub response: ResponseId,
+    pub superseded: Option<ResponseId>,
+    pub replayed: bool,
+    pub state: SessionSnapshot,
+}
+
+/// Reply of Finish (`applied`), Cancel and Shutdown (`cancelled`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Changed<T> {
+    pub result: T,
+    pub state: SessionSnapshot,
+}
+
+/// One page of ListSessions.
+#[derive(Clone, Debug)]
+pub struct Page {
+    pub sessions: Vec<SessionSnapshot>,
+    pub next: Option<PageCursor>,
+    /// Every event with seq at or below this is reflected in `sessions`.
+    pub seq: u64,
+}
+
+/// Where a listing resumes: shard-major order, session ids ascending within a
+/// shard. A session never changes shard, so one that exists for the whole
+/// listing is listed exactly once however others come and go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageCursor {
+    shard_count: usize,
+    shard: usize,
+    after: Option<SessionId>,
+}
+
+impl PageCursor {
+    /// The opaque `page_token` form.
+    pub fn encode(&self) -> String {
+        let after = self.after.as_ref().map_or("", SessionId::as_str);
+        let raw = format!("v1\0{}\0{}\0{}", self.shard_count, self.shard, after);
+        URL_SAFE_NO_PAD.encode(raw)
+    }
+
+    /// Parses a `page_token`; the error is the reason it was refused.
+    pub fn decode(token: &str) -> Result<Self, &'static str> {
+        const BAD: &str = "is not a token this coordinator issued";
+        let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| BAD)?;
+        let raw = String::from_utf8(raw).map_err(|_| BAD)?;
+        let mut parts = raw.splitn(4, '\0');
+        if parts.next() != Some("v1") {
+            return Err(BAD);
+        }
+        let mut number = || -> Result<usize, &'static str> {
+            parts.next().and_then(|p| p.parse().ok()).ok_or(BAD)
+        };
+        let shard_count = number()?;
+        let shard = number()?;
+        let after = match parts.next() {
+            None => return Err(BAD),
+            Some("") => None,
+            Some(id) => Some(SessionId::parse(id).map_err(|_| BAD)?),
+        };
+        if shard >= shard_count {
+            return Err(BAD);
+        }
+        Ok(Self {
+            shard_count,
+            shard,
+            after,
+        })
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    sessions: BTreeMap<SessionId, Session>,
+    expiry: BinaryHeap<Reverse<(Millis, SessionId)>>,
+    watchers: HashMap<SessionId, broadcast::Sender<SharedEvent>>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: std::collections::hash_map::RandomState,
+    log: Arc<EventLog>,
+    config: RegistryConfig,
+    ttls: Ttls,
+    clock: Clock,
+    session_count: AtomicUsize,
+    /// When the expirer next plans to wake; a new entry due earlier wakes it.
+    expiry_target: AtomicU64,
+    expiry_wake: Notify,
+}
+
+/// The coordinator: cheap to clone, shared by every RPC handler.
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+/// Whether a call may create the session it names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Creates {
+    Yes,
+    No,
+}
+
+/// Expired and forgotten sessions handled per shard lock, so a mass expiry
+/// never holds one shard for long.
+const EXPIRY_BATCH: usize = 1024;
+
+impl Registry {
+    pub fn new(config: RegistryConfig) -> Self {
+        // Seqs (and so response ids) start above the boot time in
+        // nanoseconds: see `events` for why that survives restarts.
+        let base_seq = u64::try_from(Clock::unix_nanos()).unwrap_or(0).max(1);
+        Self::with_base_seq(config, base_seq)
+    }
+
+    /// As [`Registry::new`], with the seq numbering's starting point given.
+    pub fn with_base_seq(config: RegistryConfig, base_seq: u64) -> Self {
+        let shards = config.shards.max(1);
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        Self {
+            inner: Arc::new(Inner {
+                shards: (0..shards).map(|_| Mutex::default()).collect(),
+                hasher: Default::default(),
+                log: Arc::new(EventLog::new(
+                    base_seq,
+                    LogLimits {
+                        retained_events: config.global_history,
+                        watch_all_buffer: config.watch_all_buffer,
+                    },
+                )),
+                config,
+                ttls: Ttls {
+                    idle: millis(config.idle_ttl),
+                    tombstone: millis(config.tombstone_ttl),
+                },
+                clock: Clock::new(),
+                session_count: AtomicUsize::new(0),
+                expiry_target: AtomicU64::new(u64::MAX),
+                expiry_wake: Notify::new(),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &RegistryConfig {
+        &self.inner.config
+    }
+
+    pub fn clock(&self) -> Clock {
+        self.inner.clock
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.inner.session_count.load(Ordering::Relaxed)
+    }
+
+    pub fn published_seq(&self) -> u64 {
+        self.inner.log.published_seq()
+    }
+
+    pub fn start(
+        &self,
+        id: &SessionId,
+        source: crate::machine::Source,
+        request_id: Option<crate::ids::RequestId>,
+    ) -> Result<Started, CoordError> {
+        let call = Call::Start { source, request_id };
+        let (outcome, state, replay) = self.inner.call(id, &call, Creates::Yes)?;
+        if let Some(record) = replay {
+            return Ok(Started {
+                response: record.response,
+                superseded: record.superseded,
+                replayed: true,
+                state,
+            });
+        }
+        match outcome {
+            Outcome::Started {
+                response,
+                superseded,
+            } => Ok(Started {
+                response,
+                superseded,
+                replayed: false,
+                state,
+            }),
+            _ => Err(CoordError::SessionTerminated(id.clone())),
+        }
+    }
+
+    pub fn finish(
+        &self,
+        id: &SessionId,
+        response: Option<ResponseId>,
+        status: crate::machine::FinishStatus,
+    ) -> Result<Changed<bool>, CoordError> {
+        let call = Call::Finish { response, status };
+        let (outcome, state, _) = self.inner.call(id, &call, Creates::No)?;
+        let applied = matches!(outcome, Outcome::Finished { applied: true });
+        Ok(Changed {
+            result: applied,
+            state,
+        })
+    }
+
+    pub fn cancel(
+        &self,
+        id: &SessionId,
+        only_if: Option<ResponseId>,
+    ) -> Result<Changed<Option<ResponseId>>, CoordError> {
+        let (outcome, state, _) = self
+            .inner
+            .call(id, &Call::Cancel { only_if }, Creates::No)?;
+        let cancelled = match outcome {
+            Outcome::Cancelled { cancelled } => cancelled,
+            _ => None,
+        };
+        Ok(Changed {
+            result: cancelled,
+            state,
+        })
+    }
+
+    /// Shutdown creates a tombstone for an unknown id, so a later Start on it
+    /// is refused.
+    pub fn shutdown(&self, id: &SessionId) -> Result<Changed<Option<ResponseId>>, CoordError> {
+        let call = Call::Teardown {
+            reason: TeardownReason::Shutdown,
+        };
+        let (outcome, state, _) = self.inner.call(id, &call, Creates::Yes)?;
+        let cancelled = match outcome {
+            Outcome::TornDown { cancelled } => cancelled,
+            _ => None,
+        };
+        Ok(Changed {
+            result: cancelled,
+            state,
+        })
+    }
+
+    /// GetState. Counts as a call for idle expiry.
+    pub fn state(&self, id: &SessionId) -> Result<SessionSnapshot, CoordError> {
+        let now = self.inner.clock.now();
+        let mut shard = self.inner.shard(id);
+        let session = shard
+            .sessions
+            .get_mut(id.as_str())
+            .ok_or_else(|| CoordError::SessionNotFound(id.clone()))?;
+        session.touch(now);
+        Ok(session.snapshot(id))
+    }
+
+    /// One page of sessions, `page_size` at most (callers clamp it).
+    pub fn list(&self, page_size: usize, cursor: Option<PageCursor>) -> Result<Page, CoordError> {
+        let shard_count = self.inner.shards.len();
+        let (mut shard, mut after) = match cursor {
+            None => (0, None),
+            Some(cursor) if cursor.shard_count != shard_count => {
+                return Err(CoordError::invalid(
+                    "page_token",
+                    "was issued by a coordinator with another shard count",
+                ))
+            }
+            Some(cursor) => (cursor.shard, cursor.after),
+        };
+        // Read before any shard is locked: every event up to here was
+        // applied inside a shard critical section that has finished by the
+        // time we get that shard's lock.
+        let seq = self.inner.log.published_seq();
+        let page_size = page_size.max(1);
+        let mut sessions = Vec::with_capacity(page_size.min(1024));
+        let next = loop {
+            if shard >= shard_count {
+                break None;
+            }
+            let guard = self.inner.lock_shard(shard);
+            let lower = after
+                .as_ref()
+                .map_or(Bound::Unbounded, |id| Bound::Excluded(id.as_str()));
+            let mut range = guard.sessions.range::<str, _>((lower, Bound::Unbounded));
+            for (id, session) in range.by_ref() {
+                sessions.push(session.snapshot(id));
+                if sessions.len() == page_size {
+                    break;
+                }
+            }
+            if sessions.len() == page_size {
+                let more_here = range.next().is_some();
+                break if more_here {
+                    sessions.last().map(|last| PageCursor {
+                        shard_count,
+                        shard,
+                        after: Some(last.session_id.clone()),
+                    })
+                } else if shard + 1 < shard_count {
+                    Some(PageCursor {
+                        shard_count,
+                        shard: shard + 1,
+                        after: None,
+                    })
+                } else {
+                    None
+                };
+            }
+            shard += 1;
+            after = None;
+        };
+        Ok(Page {
+            sessions,
+            next,
+            seq,
+        })
+    }
+
+    /// Watch one session. It need not exist yet. With `after_revision`, the
+    /// retained events above it come first (OUT_OF_RANGE if some are gone).
+    pub fn watch_session(
+        &self,
+        id: &SessionId,
+        after_revision: Option<u64>,
+    ) -> Result<Subscription, CoordError> {
+        let index = self.inner.shard_index(id);
+        let mut shard = self.inner.lock_shard(index);
+        let (backlog, current, terminated) = match shard.sessions.get(id.as_str()) {
+            Some(session) => {
+                let backlog = match after_revision {
+                    Some(after) => session.history_after(after).map_err(|oldest| {
+                        CoordError::HistoryUnavailable {
+                            field: "after_revision",
+                            requested: after,
+                            oldest_available: oldest,
+                        }
+                    })?,
+                    None => VecDeque::new(),
+                };
+                (
+                    backlog,
+                    session.revision(),
+                    session.phase() == Phase::Terminated,
+                )
+            }
+            None => (VecDeque::new(), 0, false),
+        };
+        let capacity = self.inner.config.session_watch_buffer.max(1);
+        let live = shard
+            .watchers
+            .entry(id.clone())
+            .or_insert_with(|| broadcast::channel(capacity).0)
+            .subscribe();
+        drop(shard);
+        let inner = Arc::clone(&self.inner);
+        let released = id.clone();
+        let release = OnDrop::new(move || inner.release_watcher(index, &released));
+        let scope = Scope::Session {
+            skip_through_revision: after_revision.unwrap_or(current),
+        };
+        let subscription = Subscription::new(
+            scope,
+            backlog,
+            live,
+            Arc::clone(&self.inner.log),
+            Some(release),
+        );
+        Ok(if terminated {
+            subscription.finish_after_backlog()
+        } else {
+            subscription
+        })
+    }
+
+    /// Watch every session in seq order, from `after_seq` or from now.
+    pub fn watch_all(&self, after_seq: Option<u64>) -> Result<Subscription, CoordError> {
+        self.inner.log.subscribe_all(after_seq)
+    }
+
+    /// Expires and forgets what is due now; returns when something is next due.
+    pub fn expire_due(&self) -> Option<Millis> {
+        let now = self.inner.clock.now();
+        let mut next_due: Option<Millis> = None;
+        for index in 0..self.inner.shards.len() {
+            loop {
+                let mut shard = self.inner.lock_shard(index);
+                match self.inner.expire_batch(&mut shard, now) {
+                    BatchEnd::Drained(due) => {
+                        next_due = match (next_due, due) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        break;
+                    }
+                    BatchEnd::MoreDue => continue,
+                }
+            }
+        }
+        next_due
+    }
+
+    /// Runs the expirer until `stop` resolves: sleeps until the next entry is
+    /// due (or an earlier one is filed), never polling every session.
+    pub async fn run_expiry(&self, stop: impl std::future::Future<Output = ()>) {
+        tokio::pin!(stop);
+        loop {
+            // While scanning, any new filing must wake us again: it may be due
+            // before whatever this scan finds next.
+            self.inner.expiry_target.store(u64::MAX, Ordering::Release);
+            let next = self.expire_due();
+            self.inner
+                .expiry_target
+                .store(next.unwrap_or(u64::MAX), Ordering::Release);
+            let sleep = match next {
+                Some(at) => tokio::time::sleep_until(self.inner.clock.instant_at(at)),
+                None => tokio::time::sleep(Duration::from_secs(3600)),
+            };
+            tokio::select! {
+                () = &mut stop => return,
+                () = sleep => {}
+                () = self.inner.expiry_wake.notified() => {}
+            }
+        }
+    }
+}
+
+enum BatchEnd {
+    /// Nothing more due in this shard; its next due time, if any.
+    Drained(Option<Millis>),
+    /// The batch limit was hit with more due: release the lock and go again.
+    MoreDue,
+}
+
+impl Inner {
+    fn shard_index(&self, id: &SessionId) -> usize {
+        // The modulo of a 64-bit hash by a small count is uniform enough.
+        (self.hasher.hash_one(id.as_str()) % self.shards.len() as u64) as usize
+    }
+
+    fn lock_shard(&self, index: usize) -> MutexGuard<'_, Shard> {
+        // Critical sections only touch in-memory records and cannot leave one
+        // half-updated in a way that is worse than refusing service, so a
+        // poisoned lock (a panic elsewhere) is recovered, not propagated.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn shard(&self, id: &SessionId) -> MutexGuard<'_, Shard> {
+        self.lock_shard(self.shard_index(id))
+    }
+
+    fn file_expiry(&self, shard: &mut Shard, id: &SessionId, due: Millis) {
+        if let Some(session) = shard.sessions.get_mut(id.as_str()) {
+            session.set_expiry_entry(due);
+        }
+        shard.expiry.push(Reverse((due, id.clone())));
+        if due < self.expiry_target.load(Ordering::Acquire) {
+            self.expiry_wake.notify_one();
+        }
+    }
+
+    /// The one path every mutating call takes.
+    fn call(
+        &self,
+        id: &SessionId,
+        call: &Call,
+        creates: Creates,
+    ) -> Result<(Outcome, SessionSnapshot, Option<StartRecord>), CoordError> {
+        let now = self.clock.now();
+        let unix_nanos = Clock::unix_nanos();
+        let mut guard = self.shard(id);
+        let shard = &mut *guard;
+        let created = if shard.sessions.contains_key(id.as_str()) {
+            false
+        } else if creates == Creates::No {
+            return Err(CoordError::SessionNotFound(id.clone()));
+        } else {
+            self.reserve_session()?;
+            shard.sessions.insert(id.clone(), Session::new(now));
+            true
+        };
+        let Some(session) = shard.sessions.get_mut(id.as_str()) else {
+            return Err(CoordError::SessionNotFound(id.clone()));
+        };
+        session.touch(now);
+        if let Call::Start {
+            request_id: Some(request_id),
+            ..
+        } = call
+        {
+            if let Some(record) = session.replayed(request_id) {
+                return Ok((
+                    Outcome::Started {
+                        response: record.response,
+                        superseded: record.superseded,
+                    },
+                    session.snapshot(id),
+                    Some(record),
+                ));
+            }
+        }
+        let was_terminated = session.phase() == Phase::Terminated;
+        let history = self.config.session_history;
+        let applied = self
+            .log
+            .append(shard.watchers.get(id.as_str()), |first_seq| {
+                session.apply(id, call, first_seq, unix_nanos, history, now)
+            });
+        let snapshot = session.snapshot(id);
+        let newly_terminated = !was_terminated && session.phase() == Phase::Terminated;
+        let deadline = session.next_deadline(self.ttls).saturating_add(1);
+        let refile = created || (newly_terminated && deadline < session.expiry_entry());
+        if refile {
+            self.file_expiry(shard, id, deadline);
+        }
+        Ok((applied.outcome, snapshot, None))
+    }
+
+    fn reserve_session(&self) -> Result<(), CoordError> {
+        let max = self.config.max_sessions;
+        self.session_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| {
+                (count < max).then_some(count + 1)
+            })
+            .map(|_| ())
+            .map_err(|_| CoordError::SessionLimit { max })
+    }
+
+    fn expire_batch(&self, shard: &mut Shard, now: Millis) -> BatchEnd {
+        for _ in 0..EXPIRY_BATCH {
+            let Some(Reverse((due, _))) = shard.expiry.peek() else {
+                return BatchEnd::Drained(None);
+            };
+            if *due > now {
+                return BatchEnd::Drained(Some(*due));
+            }
+            let Some(Reverse((due, id))) = shard.expiry.pop() else {
+                return BatchEnd::Drained(None);
+            };
+            let Some(session) = shard.sessions.get_mut(id.as_str()) else {
+                continue;
+            };
+            if session.expiry_entry() != due {
+                continue; // superseded by a newer entry for the same session
+            }
+            match session.expiry_check(now, self.ttls) {
+                ExpiryCheck::NotBefore(at) => self.file_expiry(shard, &id, at),
+                ExpiryCheck::Expire => {
+                    let call = Call::Teardown {
+                        reason: TeardownReason::Expired,
+                    };
+                    let history = self.config.session_history;
+                    let unix_nanos = Clock::unix_nanos();
+                    self.log
+                        .append(shard.watchers.get(id.as_str()), |first_seq| {
+                            session.apply(&id, &call, first_seq, unix_nanos, history, now)
+                        });
+                    let at = session.next_deadline(self.ttls).saturating_add(1);
+                    self.file_expiry(shard, &id, at);
+                }
+                ExpiryCheck::Forget => {
+                    shard.sessions.remove(id.as_str());
+                    self.session_count.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+        BatchEnd::MoreDue
+    }
+
+    /// Drops a session's watcher channel once its last watcher is gone.
+    fn release_watcher(&self, index: usize, id: &SessionId) {
+        let mut shard = self.lock_shard(index);
+        if shard
+            .watchers
+            .get(id.as_str())
+            .is_some_and(|tx| tx.receiver_count() == 0)
+        {
+            shard.watchers.remove(id.as_str());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
