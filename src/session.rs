@@ -46,7 +46,7 @@ pub enum Call {
 }
 
 /// What a Start with a known request id answered the first time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StartRecord {
     pub response: ResponseId,
     pub superseded: Option<ResponseId>,
