@@ -16,14 +16,15 @@
 
 use std::{
     collections::VecDeque,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, Mutex, MutexGuard, PoisonError,
-    },
+    sync::{Arc, PoisonError},
 };
 
 use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 
+use crate::sync::{
+    atomic::{AtomicU64, Ordering},
+    Mutex, MutexGuard,
+};
 use crate::{error::CoordError, ids::SessionId, machine::EventKind};
 
 /// One emitted event, as watchers and the retained history see it.

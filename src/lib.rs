@@ -33,4 +33,5 @@ pub mod proto;
 pub mod registry;
 pub mod server;
 pub mod session;
+mod sync;
 pub mod telemetry;

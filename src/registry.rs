@@ -23,16 +23,17 @@ use std::{
     collections::{BTreeMap, BinaryHeap, HashMap, VecDeque},
     hash::BuildHasher,
     ops::Bound,
-    sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
-        Arc, Mutex, MutexGuard, PoisonError,
-    },
+    sync::{Arc, PoisonError},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use tokio::sync::{broadcast, Notify};
 
+use crate::sync::{
+    atomic::{AtomicU64, AtomicUsize, Ordering},
+    Mutex, MutexGuard,
+};
 use crate::{
     error::CoordError,
     events::{EventLog, LogLimits, OnDrop, Scope, SharedEvent, Subscription},

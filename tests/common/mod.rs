@@ -1,0 +1,396 @@
+//! Shared harness for end-to-end tests: a real respcoord server on a loopback
+//! port, a generated gRPC client, and helpers to read watches and to check
+//! the contract's invariants over a recorded event stream.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::{collections::HashMap, net::SocketAddr, time::Duration};
+
+use respcoord::{
+    grpc::WatchSettings,
+    proto::v1::{
+        self as pb, lifecycle_event::Kind, response_coordinator_client::ResponseCoordinatorClient,
+    },
+    registry::{Registry, RegistryConfig},
+    server::{self, ServerConfig},
+};
+use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+use tonic::{transport::Channel, Code, Status, Streaming};
+
+pub type Client = ResponseCoordinatorClient<Channel>;
+
+/// How long a test waits for something that should happen promptly before it
+/// declares failure. Generous: tests never fail on speed, only on absence.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub registry: Registry,
+    stop: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<Result<(), server::ServeError>>>,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::with(RegistryConfig::default(), WatchSettings::default()).await
+    }
+
+    pub async fn with(registry: RegistryConfig, watch: WatchSettings) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let config = ServerConfig {
+            registry,
+            watch,
+            shutdown_grace: Duration::from_secs(5),
+        };
+        let registry = Registry::new(config.registry);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(server::serve_registry(
+            registry.clone(),
+            config,
+            listener,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            addr,
+            registry,
+            stop: Some(stop),
+            handle: Some(handle),
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(self.endpoint())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect to test server")
+    }
+
+    pub async fn client(&self) -> Client {
+        ResponseCoordinatorClient::new(self.channel().await)
+    }
+
+    /// Triggers graceful shutdown and waits for the server to finish.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            let result = tokio::time::timeout(PATIENCE, handle)
+                .await
+                .expect("server stops in time")
+                .expect("server task");
+            result.expect("server exits cleanly");
+        }
+    }
+}
+
+// ---- requests ----
+
+pub fn start_req(session: &str, source: pb::Source, request_id: &str) -> pb::StartRequest {
+    pb::StartRequest {
+        session_id: session.into(),
+        source: source.into(),
+        request_id: request_id.into(),
+    }
+}
+
+pub async fn start(client: &mut Client, session: &str) -> pb::StartResponse {
+    client
+        .start(start_req(session, pb::Source::Client, ""))
+        .await
+        .expect("start")
+        .into_inner()
+}
+
+pub async fn finish(
+    client: &mut Client,
+    session: &str,
+    id: u64,
+    status: pb::TerminalStatus,
+) -> pb::FinishResponse {
+    client
+        .finish(pb::FinishRequest {
+            session_id: session.into(),
+            response_id: id,
+            status: status.into(),
+        })
+        .await
+        .expect("finish")
+        .into_inner()
+}
+
+pub async fn cancel(client: &mut Client, session: &str, if_id: u64) -> pb::CancelResponse {
+    client
+        .cancel(pb::CancelRequest {
+            session_id: session.into(),
+            source: pb::Source::Vad.into(),
+            if_response_id: if_id,
+        })
+        .await
+        .expect("cancel")
+        .into_inner()
+}
+
+pub async fn shutdown(client: &mut Client, session: &str) -> pb::ShutdownResponse {
+    client
+        .shutdown(pb::ShutdownRequest {
+            session_id: session.into(),
+        })
+        .await
+        .expect("shutdown")
+        .into_inner()
+}
+
+pub async fn get_state(client: &mut Client, session: &str) -> Result<pb::SessionState, Status> {
+    client
+        .get_state(pb::GetStateRequest {
+            session_id: session.into(),
+        })
+        .await
+        .map(|r| r.into_inner().state.expect("state is always set"))
+}
+
+pub async fn watch_session(
+    client: &mut Client,
+    session: &str,
+    after_revision: Option<u64>,
+) -> Streaming<pb::WatchResponse> {
+    client
+        .watch(pb::WatchRequest {
+            session_id: session.into(),
+            after_revision,
+            after_seq: None,
+        })
+        .await
+        .expect("watch")
+        .into_inner()
+}
+
+pub async fn watch_all(
+    client: &mut Client,
+    after_seq: Option<u64>,
+) -> Streaming<pb::WatchResponse> {
+    client
+        .watch(pb::WatchRequest {
+            session_id: String::new(),
+            after_revision: None,
+            after_seq,
+        })
+        .await
+        .expect("watch all")
+        .into_inner()
+}
+
+// ---- reading watches ----
+
+/// Reads until `n` events arrived (bookmarks skipped). Panics on timeout.
+pub async fn next_events(
+    stream: &mut Streaming<pb::WatchResponse>,
+    n: usize,
+) -> Vec<pb::LifecycleEvent> {
+    let mut events = Vec::new();
+    while events.len() < n {
+        let message = tokio::time::timeout(PATIENCE, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("timed out with {} of {n} events: {events:?}", events.len()))
+            .expect("watch stream error")
+            .unwrap_or_else(|| {
+                panic!(
+                    "stream ended with {} of {n} events: {events:?}",
+                    events.len()
+                )
+            });
+        if message.events.is_empty() {
+            assert_ne!(
+                message.progress_seq, 0,
+                "an empty WatchResponse must be a bookmark"
+            );
+        } else {
+            assert_eq!(
+                message.progress_seq, 0,
+                "progress_seq is 0 on responses that carry events"
+            );
+        }
+        events.extend(message.events);
+    }
+    assert_eq!(events.len(), n, "more events than expected: {events:?}");
+    events
+}
+
+/// Reads to the end of the stream (bookmarks skipped); returns the events and
+/// the final status (Ok for a clean end).
+pub async fn drain(
+    stream: &mut Streaming<pb::WatchResponse>,
+) -> (Vec<pb::LifecycleEvent>, Result<(), Status>) {
+    let mut events = Vec::new();
+    loop {
+        match tokio::time::timeout(PATIENCE, stream.message())
+            .await
+            .expect("stream ends in time")
+        {
+            Ok(Some(message)) => events.extend(message.events),
+            Ok(None) => return (events, Ok(())),
+            Err(status) => return (events, Err(status)),
+        }
+    }
+}
+
+/// Asserts nothing arrives for `quiet` (bookmarks would be allowed, events not).
+pub async fn assert_no_events(stream: &mut Streaming<pb::WatchResponse>, quiet: Duration) {
+    let deadline = tokio::time::Instant::now() + quiet;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.message()).await {
+            Err(_) => return,
+            Ok(Ok(Some(message))) => assert!(
+                message.events.is_empty(),
+                "unexpected events: {:?}",
+                message.events
+            ),
+            Ok(other) => panic!("stream ended unexpectedly: {other:?}"),
+        }
+    }
+}
+
+// ---- compact event form for exact comparisons ----
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ev {
+    Started(u64, pb::Source),
+    CancelRequested(u64, pb::CancelReason),
+    Ended(u64, pb::TerminalStatus, pb::CancelReason),
+    Terminated(pb::CancelReason),
+}
+
+pub fn ev(event: &pb::LifecycleEvent) -> Ev {
+    match event.kind.as_ref().expect("every event has a kind") {
+        Kind::Started(s) => Ev::Started(s.response_id, s.source()),
+        Kind::CancelRequested(c) => Ev::CancelRequested(c.response_id, c.reason()),
+        Kind::Ended(e) => Ev::Ended(e.response_id, e.status(), e.reason()),
+        Kind::Terminated(t) => Ev::Terminated(t.reason()),
+    }
+}
+
+pub fn evs(events: &[pb::LifecycleEvent]) -> Vec<Ev> {
+    events.iter().map(ev).collect()
+}
+
+pub fn revisions(events: &[pb::LifecycleEvent]) -> Vec<u64> {
+    events.iter().map(|e| e.revision).collect()
+}
+
+pub fn assert_code<T: std::fmt::Debug>(result: Result<T, Status>, code: Code) -> Status {
+    match result {
+        Ok(value) => panic!("expected {code:?}, got Ok({value:?})"),
+        Err(status) => {
+            assert_eq!(status.code(), code, "{status:?}");
+            status
+        }
+    }
+}
+
+// ---- invariants over a recorded stream ----
+
+/// Replays a watch-all recording and checks the contract's invariants: seq
+/// strictly increasing, per-session revisions 1,2,3.. with no gap, at most
+/// one live response per session at every point, exactly one `ended` per
+/// `started` (once the session is terminated, none left live), nothing after
+/// `terminated`, and response ids strictly increasing per session.
+pub fn check_invariants(events: &[pb::LifecycleEvent]) -> InvariantReport {
+    #[derive(Default)]
+    struct S {
+        revision: u64,
+        live: Option<u64>,
+        ended: std::collections::HashSet<u64>,
+        started: std::collections::HashSet<u64>,
+        last_started: u64,
+        terminated: bool,
+        cancel_requested: Option<u64>,
+    }
+    let mut sessions: HashMap<String, S> = HashMap::new();
+    let mut last_seq = 0;
+    let mut report = InvariantReport::default();
+    for event in events {
+        assert!(event.seq > last_seq, "seq not increasing at {event:?}");
+        last_seq = event.seq;
+        let s = sessions.entry(event.session_id.clone()).or_default();
+        assert_eq!(event.revision, s.revision + 1, "revision gap at {event:?}");
+        s.revision = event.revision;
+        assert!(!s.terminated, "event after terminated: {event:?}");
+        match ev(event) {
+            Ev::Started(id, _) => {
+                assert!(
+                    s.live.is_none(),
+                    "two live responses in {}: {:?} and {id}",
+                    event.session_id,
+                    s.live
+                );
+                assert!(
+                    id > s.last_started,
+                    "response id not increasing: {id} after {}",
+                    s.last_started
+                );
+                assert!(s.started.insert(id));
+                s.last_started = id;
+                s.live = Some(id);
+                report.started += 1;
+            }
+            Ev::CancelRequested(id, _) => {
+                assert_eq!(
+                    s.live,
+                    Some(id),
+                    "cancel_requested for a response that is not live: {event:?}"
+                );
+                s.cancel_requested = Some(id);
+            }
+            Ev::Ended(id, status, _) => {
+                assert_eq!(
+                    s.live,
+                    Some(id),
+                    "ended for a response that is not live: {event:?}"
+                );
+                assert!(
+                    s.started.contains(&id) && s.ended.insert(id),
+                    "second terminal for {id}"
+                );
+                if status == pb::TerminalStatus::Cancelled {
+                    assert_eq!(
+                        s.cancel_requested,
+                        Some(id),
+                        "cancelled without cancel_requested first"
+                    );
+                }
+                s.live = None;
+                report.ended += 1;
+            }
+            Ev::Terminated(_) => {
+                assert!(
+                    s.live.is_none(),
+                    "terminated with a live response: {event:?}"
+                );
+                s.terminated = true;
+                report.terminated += 1;
+            }
+        }
+    }
+    report.sessions = sessions.len();
+    report.still_live = sessions.values().filter(|s| s.live.is_some()).count();
+    report
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InvariantReport {
+    pub sessions: usize,
+    pub started: usize,
+    pub ended: usize,
+    pub terminated: usize,
+    pub still_live: usize,
+}
