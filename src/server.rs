@@ -8,9 +8,8 @@
 use std::{future::Future, time::Duration};
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Server;
+use tonic::transport::{server::TcpIncoming, Server};
 use tonic_health::ServingStatus;
 
 use crate::{
@@ -81,7 +80,9 @@ pub async fn serve_registry(
         .add_service(reflection_v1alpha)
         .add_service(ResponseCoordinatorServer::new(service))
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
+            // Without TCP_NODELAY a unary reply's trailing frames wait on
+            // Nagle's algorithm (tens of milliseconds per call).
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
             drain.clone().cancelled_owned(),
         );
     tokio::pin!(server);

@@ -1,0 +1,431 @@
+//! Watch and ListSessions over real gRPC: resume with after_revision and
+//! after_seq (exactly once), OUT_OF_RANGE beyond retention, bookmarks, the
+//! lagging-watcher status, and the list-then-watch pattern.
+
+mod common;
+
+use std::{collections::HashSet, time::Duration};
+
+use common::*;
+use respcoord::{grpc::WatchSettings, proto::v1 as pb, registry::RegistryConfig};
+use tonic::Code;
+
+use pb::{Source, TerminalStatus as T};
+
+/// Drives `n` Start/Finish pairs on `session`: 2 events each.
+async fn churn(c: &mut Client, session: &str, n: usize) {
+    for _ in 0..n {
+        let id = start(c, session).await.response_id;
+        assert!(finish(c, session, id, T::Completed).await.applied);
+    }
+}
+
+#[tokio::test]
+async fn a_watch_may_start_before_its_session_exists() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let mut from_zero = watch_session(&mut c, "later", Some(0)).await;
+    let mut live = watch_session(&mut c, "later", None).await;
+    let id = start(&mut c, "later").await.response_id;
+    assert_eq!(
+        evs(&next_events(&mut from_zero, 1).await),
+        [Ev::Started(id, Source::Client)]
+    );
+    assert_eq!(
+        evs(&next_events(&mut live, 1).await),
+        [Ev::Started(id, Source::Client)]
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn session_watch_resumes_with_after_revision_exactly_once() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    churn(&mut c, "s", 3).await; // revisions 1..=6
+    let mut first = watch_session(&mut c, "s", Some(0)).await;
+    let seen = next_events(&mut first, 6).await;
+    assert_eq!(revisions(&seen), [1, 2, 3, 4, 5, 6]);
+    // Disconnect mid-stream, more happens, resume from the last revision seen.
+    let last = seen[3].revision;
+    drop(first);
+    churn(&mut c, "s", 2).await; // revisions 7..=10
+    let mut resumed = watch_session(&mut c, "s", Some(last)).await;
+    let replay = next_events(&mut resumed, 6).await;
+    assert_eq!(revisions(&replay), [5, 6, 7, 8, 9, 10]);
+    // Then live, with no gap and no duplicate.
+    churn(&mut c, "s", 1).await;
+    assert_eq!(revisions(&next_events(&mut resumed, 2).await), [11, 12]);
+    // A resume point beyond the current revision waits for later events.
+    let mut ahead = watch_session(&mut c, "s", Some(13)).await;
+    churn(&mut c, "s", 1).await; // 13, 14
+    assert_eq!(revisions(&next_events(&mut ahead, 1).await), [14]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn after_revision_beyond_retention_is_out_of_range() {
+    let config = RegistryConfig {
+        session_history: 4,
+        ..Default::default()
+    };
+    let server = TestServer::with(config, WatchSettings::default()).await;
+    let mut c = server.client().await;
+    churn(&mut c, "s", 5).await; // revisions 1..=10, 7..=10 retained
+    let status = assert_code(
+        c.watch(pb::WatchRequest {
+            session_id: "s".into(),
+            after_revision: Some(5),
+            after_seq: None,
+        })
+        .await,
+        Code::OutOfRange,
+    );
+    assert!(status.message().contains("after_revision"), "{status:?}");
+    // The earliest resumable point still works.
+    let mut w = watch_session(&mut c, "s", Some(6)).await;
+    assert_eq!(revisions(&next_events(&mut w, 4).await), [7, 8, 9, 10]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn watch_of_a_terminated_session_replays_then_ends() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let id = start(&mut c, "s").await.response_id;
+    shutdown(&mut c, "s").await;
+    let mut replay = watch_session(&mut c, "s", Some(1)).await;
+    let (events, end) = drain(&mut replay).await;
+    end.unwrap();
+    assert_eq!(revisions(&events), [2, 3, 4]);
+    assert_eq!(
+        events[0].kind,
+        Some(pb::lifecycle_event::Kind::CancelRequested(
+            pb::ResponseCancelRequested {
+                response_id: id,
+                reason: pb::CancelReason::Shutdown.into(),
+            }
+        ))
+    );
+    // Live-only on a terminated session: nothing can follow, so it ends at once.
+    let mut live = watch_session(&mut c, "s", None).await;
+    let (events, end) = drain(&mut live).await;
+    assert!(events.is_empty());
+    end.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn watch_all_delivers_every_session_in_seq_order_and_resumes_with_after_seq() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let mut all = watch_all(&mut c, None).await;
+    for s in ["a", "b", "c"] {
+        churn(&mut c, s, 2).await;
+    }
+    let events = next_events(&mut all, 12).await;
+    assert!(events.windows(2).all(|p| p[1].seq > p[0].seq), "seq order");
+    let sessions: HashSet<_> = events.iter().map(|e| e.session_id.as_str()).collect();
+    assert_eq!(sessions, HashSet::from(["a", "b", "c"]));
+    check_invariants(&events);
+    // Resume after the 5th event: the rest exactly once, then live.
+    drop(all);
+    let mut resumed = watch_all(&mut c, Some(events[4].seq)).await;
+    let replay = next_events(&mut resumed, 7).await;
+    assert_eq!(
+        replay.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        events[5..].iter().map(|e| e.seq).collect::<Vec<_>>()
+    );
+    churn(&mut c, "d", 1).await;
+    let live = next_events(&mut resumed, 2).await;
+    assert!(live[0].seq > replay[6].seq);
+    // after_seq = 0 replays from the coordinator's first event.
+    let mut from_start = watch_all(&mut c, Some(0)).await;
+    let everything = next_events(&mut from_start, 14).await;
+    assert_eq!(everything[0].seq, events[0].seq);
+    check_invariants(&everything);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn after_seq_beyond_retention_is_out_of_range() {
+    let config = RegistryConfig {
+        global_history: 4,
+        ..Default::default()
+    };
+    let server = TestServer::with(config, WatchSettings::default()).await;
+    let mut c = server.client().await;
+    let mut all = watch_all(&mut c, None).await;
+    churn(&mut c, "s", 4).await;
+    let events = next_events(&mut all, 8).await;
+    for after in [Some(0), Some(events[2].seq), Some(1)] {
+        let status = assert_code(
+            c.watch(pb::WatchRequest {
+                session_id: String::new(),
+                after_revision: None,
+                after_seq: after,
+            })
+            .await,
+            Code::OutOfRange,
+        );
+        assert!(status.message().contains("after_seq"), "{status:?}");
+    }
+    let mut ok = watch_all(&mut c, Some(events[3].seq)).await;
+    assert_eq!(next_events(&mut ok, 4).await, events[4..].to_vec());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn quiet_streams_get_bookmarks_that_never_go_backwards() {
+    let watch = WatchSettings {
+        bookmark_interval: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let server = TestServer::with(RegistryConfig::default(), watch).await;
+    let mut c = server.client().await;
+    churn(&mut c, "other", 1).await;
+    let mut all = watch_all(&mut c, None).await;
+    let mut session = watch_session(&mut c, "s", None).await;
+    let mut last_event_seq = 0;
+    let mut last_progress = 0;
+    let mut bookmarks = 0;
+    for round in 0..3 {
+        churn(&mut c, "s", 1).await;
+        // Read until a bookmark follows the round's two events.
+        let mut got = 0;
+        loop {
+            let message = tokio::time::timeout(PATIENCE, all.message())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            if message.events.is_empty() {
+                assert!(
+                    message.progress_seq >= last_progress,
+                    "progress went backwards"
+                );
+                assert!(
+                    message.progress_seq >= last_event_seq,
+                    "bookmark below a delivered event"
+                );
+                last_progress = message.progress_seq;
+                bookmarks += 1;
+                if got == 2 {
+                    break;
+                }
+            } else {
+                assert_eq!(message.progress_seq, 0);
+                for event in &message.events {
+                    assert!(event.seq > last_event_seq);
+                    last_event_seq = event.seq;
+                }
+                got += message.events.len();
+            }
+        }
+        assert!(
+            last_progress >= last_event_seq,
+            "round {round}: the bookmark covers the events"
+        );
+    }
+    assert!(bookmarks >= 3);
+    // Session watches get bookmarks too; their progress covers their events.
+    let events = next_events(&mut session, 6).await;
+    let message = tokio::time::timeout(PATIENCE, session.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(message.events.is_empty());
+    assert!(message.progress_seq >= events[5].seq);
+    server.stop().await;
+}
+
+/// Lag is driven below HTTP/2 here, on the real watch pump and registry: an
+/// h2 client that leaves many small DATA frames unread closes its own
+/// connection (ENHANCE_YOUR_CALM, h2's small-frame budget) before any
+/// server-side buffer could fill, so over the wire the client's policy, not
+/// ours, would be what the test observed.
+#[tokio::test]
+async fn a_watcher_that_falls_behind_is_ended_with_resource_exhausted() {
+    use respcoord::{grpc::watch::pump, machine::Source as S, registry::Registry};
+    let registry = Registry::new(RegistryConfig {
+        watch_all_buffer: 8,
+        ..Default::default()
+    });
+    let subscription = registry.watch_all(None).unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let delivery = tokio::spawn(pump(subscription, tx, WatchSettings::default(), stop));
+    let session = respcoord::ids::SessionId::parse("s").unwrap();
+    // The watcher reads nothing while 100 transitions happen; every call
+    // still completes at once (a slow watcher never slows the service).
+    let mut last_seq = 0;
+    for _ in 0..50 {
+        let started = registry.start(&session, S::Client, None).unwrap();
+        let finished = registry
+            .finish(
+                &session,
+                Some(started.response),
+                respcoord::machine::FinishStatus::Completed,
+            )
+            .unwrap();
+        assert!(finished.result);
+        last_seq = registry.published_seq();
+        tokio::task::yield_now().await;
+    }
+    let mut delivered = Vec::new();
+    let status = loop {
+        match tokio::time::timeout(PATIENCE, rx.recv())
+            .await
+            .expect("the watch ends")
+        {
+            Some(Ok(message)) => delivered.extend(message.events),
+            Some(Err(status)) => break status,
+            None => panic!("the watch ended without saying it fell behind"),
+        }
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(status.message().contains("fell behind"), "{status:?}");
+    // What it got is a gap-free prefix, and the status names where to resume.
+    assert!(delivered.windows(2).all(|p| p[1].seq == p[0].seq + 1));
+    let resume = delivered.last().map_or(0, |e| e.seq);
+    assert!(resume < last_seq);
+    assert!(
+        status.message().contains(&format!("seq {resume}")),
+        "{status:?}"
+    );
+    delivery.await.unwrap();
+    // Resuming from there within retention works.
+    let mut resumed = registry.watch_all(Some(resume)).unwrap();
+    match resumed.next(1024).await.unwrap() {
+        respcoord::events::Delivery::Events { events, .. } => {
+            assert_eq!(events.first().map(|e| e.seq), Some(resume + 1));
+            assert_eq!(events.last().map(|e| e.seq), Some(last_seq));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn list_sessions_pages_through_everything_exactly_once() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let mut expected = HashSet::new();
+    for i in 0..250 {
+        let s = format!("sess-{i:03}");
+        start(&mut c, &s).await;
+        expected.insert(s);
+    }
+    // page_size 0 means 100.
+    let first = c
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.sessions.len(), 100);
+    assert!(!first.next_page_token.is_empty());
+    // Page while sessions come and go: every session present throughout is
+    // listed exactly once.
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        let page = c
+            .list_sessions(pb::ListSessionsRequest {
+                page_size: 7,
+                page_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.sessions.len() <= 7);
+        seen.extend(page.sessions.into_iter().map(|s| s.session_id));
+        // Churn: new sessions and tombstones appear between pages.
+        start(&mut c, &format!("new-{pages}")).await;
+        shutdown(&mut c, &format!("gone-{pages}")).await;
+        pages += 1;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let seen_original: Vec<_> = seen
+        .iter()
+        .filter(|s| s.starts_with("sess-"))
+        .cloned()
+        .collect();
+    let unique: HashSet<_> = seen_original.iter().cloned().collect();
+    assert_eq!(
+        unique.len(),
+        seen_original.len(),
+        "a session was listed twice"
+    );
+    assert_eq!(unique, expected);
+    let all_unique: HashSet<_> = seen.iter().collect();
+    assert_eq!(
+        all_unique.len(),
+        seen.len(),
+        "no session is ever listed twice"
+    );
+    // page_size above 1000 is clamped, not refused.
+    let big = c
+        .list_sessions(pb::ListSessionsRequest {
+            page_size: 5000,
+            page_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(big.sessions.len() <= 1000);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn list_then_watch_misses_nothing() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    churn(&mut c, "a", 1).await;
+    let a = start(&mut c, "a").await.response_id;
+    let page = c
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let listed = &page.sessions[0];
+    assert_eq!(
+        (
+            listed.session_id.as_str(),
+            listed.active_response_id,
+            listed.revision
+        ),
+        ("a", a, 3)
+    );
+    // Events after the listing arrive on a watch from the listing's seq.
+    let mut all = watch_all(&mut c, Some(page.seq)).await;
+    finish(&mut c, "a", a, T::Failed).await;
+    let events = next_events(&mut all, 1).await;
+    assert!(events[0].seq > page.seq);
+    assert_eq!(events[0].revision, 4);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn many_watchers_of_one_session_all_see_the_same_stream() {
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let mut watchers = Vec::new();
+    for _ in 0..20 {
+        watchers.push(watch_session(&mut c, "s", None).await);
+    }
+    churn(&mut c, "s", 3).await;
+    shutdown(&mut c, "s").await;
+    let mut streams = Vec::new();
+    for w in &mut watchers {
+        let (events, end) = drain(w).await;
+        end.unwrap();
+        streams.push(events);
+    }
+    assert_eq!(streams[0].len(), 7);
+    assert!(streams.iter().all(|s| *s == streams[0]));
+    server.stop().await;
+}
