@@ -1,1 +1,231 @@
+//! Registry behaviour that needs control of time or a look inside: idle
+//! expiry and tombstones on tokio's paused clock, the expirer task's wake-ups,
+//! page cursors, and watcher bookkeeping.
 
+use super::*;
+use crate::{
+    events::Delivery,
+    machine::{CancelReason, Ending, EventKind, FinishStatus, Source},
+};
+
+const IDLE: Duration = Duration::from_secs(10);
+const TOMBSTONE: Duration = Duration::from_secs(5);
+
+fn registry() -> Registry {
+    Registry::new(RegistryConfig {
+        idle_ttl: IDLE,
+        tombstone_ttl: TOMBSTONE,
+        shards: 4,
+        ..Default::default()
+    })
+}
+
+fn sid(raw: &str) -> SessionId {
+    SessionId::parse(raw).unwrap()
+}
+
+async fn advance(by: Duration) {
+    tokio::time::advance(by).await;
+}
+
+async fn events(subscription: &mut Subscription) -> Vec<EventKind> {
+    match subscription.next(64).await {
+        Ok(Delivery::Events { events, .. }) => events.iter().map(|e| e.kind).collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_session_expires_no_earlier_than_its_ttl() {
+    let registry = registry();
+    let s = sid("s");
+    let started = registry.start(&s, Source::Client, None).unwrap();
+    let mut all = registry.watch_all(None).unwrap();
+
+    advance(IDLE).await;
+    registry.expire_due();
+    assert!(matches!(
+        registry.state(&s).map(|st| st.phase),
+        Ok(Phase::Active(_))
+    ));
+    // The GetState above was a call: the clock restarts from it.
+    advance(IDLE).await;
+    registry.expire_due();
+    assert!(matches!(
+        registry.state(&s).map(|st| st.phase),
+        Ok(Phase::Active(_))
+    ));
+    advance(IDLE + Duration::from_millis(2)).await;
+    registry.expire_due();
+
+    let expired = events(&mut all).await;
+    assert_eq!(
+        expired,
+        [
+            EventKind::CancelRequested {
+                response: started.response,
+                reason: CancelReason::Expired
+            },
+            EventKind::Ended {
+                response: started.response,
+                ending: Ending::Cancelled(CancelReason::Expired)
+            },
+            EventKind::Terminated {
+                reason: TeardownReason::Expired
+            },
+        ]
+    );
+    assert_eq!(registry.state(&s).unwrap().phase, Phase::Terminated);
+    assert!(matches!(
+        registry.start(&s, Source::Client, None),
+        Err(CoordError::SessionTerminated(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_kind_of_call_keeps_a_session_alive() {
+    let registry = registry();
+    let s = sid("s");
+    let id = registry.start(&s, Source::Vad, None).unwrap().response;
+    let step = IDLE - Duration::from_secs(1);
+    advance(step).await;
+    registry
+        .finish(&s, ResponseId::new(1), FinishStatus::Completed)
+        .unwrap(); // stale, still a call
+    advance(step).await;
+    registry.cancel(&s, ResponseId::new(1)).unwrap(); // no match, still a call
+    advance(step).await;
+    registry.state(&s).unwrap();
+    advance(step).await;
+    registry.expire_due();
+    assert_eq!(
+        registry.state(&s).unwrap().phase.active().map(|a| a.id),
+        Some(id)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn tombstones_are_forgotten_and_the_id_can_start_again_with_larger_ids() {
+    let registry = registry();
+    let s = sid("s");
+    let old = registry.start(&s, Source::Client, None).unwrap().response;
+    registry.shutdown(&s).unwrap();
+    assert_eq!(registry.session_count(), 1);
+    advance(TOMBSTONE).await;
+    registry.expire_due();
+    assert_eq!(registry.state(&s).unwrap().phase, Phase::Terminated);
+    advance(Duration::from_millis(2)).await;
+    registry.expire_due();
+    assert!(matches!(
+        registry.state(&s),
+        Err(CoordError::SessionNotFound(_))
+    ));
+    assert_eq!(registry.session_count(), 0);
+
+    let new = registry.start(&s, Source::Client, None).unwrap();
+    assert!(new.response > old, "ids are never reused for a session id");
+    assert_eq!(
+        new.state.revision, 1,
+        "a new session starts its own revisions"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_expirer_wakes_for_earlier_deadlines_without_polling() {
+    let registry = Registry::new(RegistryConfig {
+        idle_ttl: Duration::from_secs(3600),
+        tombstone_ttl: Duration::from_secs(1),
+        ..Default::default()
+    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let expirer = tokio::spawn({
+        let registry = registry.clone();
+        let stop = stop.clone();
+        async move { registry.run_expiry(stop.cancelled_owned()).await }
+    });
+    // The expirer now sleeps until the hour-long idle deadline...
+    registry.start(&sid("long"), Source::Client, None).unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // ...and a tombstone due in one second must wake it early.
+    registry.shutdown(&sid("short")).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(matches!(
+        registry.state(&sid("short")),
+        Err(CoordError::SessionNotFound(_))
+    ));
+    assert!(registry.state(&sid("long")).is_ok());
+    // Auto-advancing paused time past the idle deadline (counted from the
+    // GetState above, itself a call) expires the other.
+    tokio::time::sleep(Duration::from_secs(3601)).await;
+    assert_eq!(
+        registry.state(&sid("long")).map(|s| s.phase),
+        Ok(Phase::Terminated)
+    );
+    stop.cancel();
+    expirer.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_mass_expiry_is_processed_in_batches() {
+    let registry = registry();
+    for i in 0..(EXPIRY_BATCH * 3) {
+        registry
+            .start(&sid(&format!("s{i}")), Source::Client, None)
+            .unwrap();
+    }
+    advance(IDLE + Duration::from_millis(2)).await;
+    registry.expire_due();
+    let page = registry.list(10_000, None).unwrap();
+    assert_eq!(page.sessions.len(), EXPIRY_BATCH * 3);
+    assert!(page.sessions.iter().all(|s| s.phase == Phase::Terminated));
+}
+
+#[test]
+fn page_cursors_round_trip_and_foreign_tokens_are_refused() {
+    let cursor = PageCursor {
+        shard_count: 64,
+        shard: 3,
+        after: Some(sid("tenant\u{a0}a/x\0y".replace('\0', "").as_str())),
+    };
+    assert_eq!(PageCursor::decode(&cursor.encode()), Ok(cursor));
+    let start = PageCursor {
+        shard_count: 8,
+        shard: 7,
+        after: None,
+    };
+    assert_eq!(PageCursor::decode(&start.encode()), Ok(start));
+    for bad in ["", "garbage", "djE", &URL_SAFE_NO_PAD.encode("v1\08\09\0x")] {
+        assert!(PageCursor::decode(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_session_watch_releases_its_channel_when_the_last_watcher_leaves() {
+    let registry = registry();
+    let s = sid("s");
+    let first = registry.watch_session(&s, None).unwrap();
+    let second = registry.watch_session(&s, Some(0)).unwrap();
+    let watched = |r: &Registry| r.inner.shard(&s).watchers.contains_key("s");
+    assert!(watched(&registry));
+    drop(first);
+    assert!(watched(&registry));
+    drop(second);
+    assert!(!watched(&registry));
+}
+
+#[test]
+fn refused_creation_leaves_no_trace() {
+    let registry = Registry::new(RegistryConfig {
+        max_sessions: 1,
+        ..Default::default()
+    });
+    registry.start(&sid("a"), Source::Client, None).unwrap();
+    let seq = registry.published_seq();
+    assert_eq!(
+        registry.start(&sid("b"), Source::Client, None),
+        Err(CoordError::SessionLimit { max: 1 })
+    );
+    assert_eq!(registry.session_count(), 1);
+    assert_eq!(registry.published_seq(), seq);
+    assert_eq!(registry.list(100, None).unwrap().sessions.len(), 1);
+}
