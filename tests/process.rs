@@ -150,7 +150,8 @@ async fn idle_sessions_expire_over_the_wire_with_ttls_from_the_environment() {
 
 #[test]
 fn bad_configuration_exits_2_naming_the_flag() {
-    let cases: [(&[&str], &[(&str, &str)], &str); 5] = [
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 5] = [
         (&["--session-idle-ttl", "0s"], &[], "--session-idle-ttl"),
         (&["--tombstone-ttl", "soon"], &[], "--tombstone-ttl"),
         (&["--max-sessions", "0"], &[], "--max-sessions"),
