@@ -426,10 +426,14 @@ impl Registry {
         id: &SessionId,
         after_revision: Option<u64>,
     ) -> Result<Subscription, CoordError> {
+        let now = self.inner.clock.now();
         let index = self.inner.shard_index(id);
         let mut shard = self.inner.lock_shard(index);
-        let (backlog, current, terminated) = match shard.sessions.get(id.as_str()) {
+        let (backlog, current, terminated) = match shard.sessions.get_mut(id.as_str()) {
             Some(session) => {
+                // Opening a watch is a call naming the session; keeping it
+                // open is not (the contract: an open Watch does not count).
+                session.touch(now);
                 let backlog = match after_revision {
                     Some(after) => session.history_after(after).map_err(|oldest| {
                         CoordError::HistoryUnavailable {
