@@ -20,9 +20,8 @@
 
 use std::{
     cmp::Reverse,
-    collections::{BTreeMap, BinaryHeap, HashMap, VecDeque},
+    collections::{BinaryHeap, HashMap, VecDeque},
     hash::BuildHasher,
-    ops::Bound,
     sync::{Arc, PoisonError},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -128,21 +127,30 @@ pub struct Page {
     pub seq: u64,
 }
 
-/// Where a listing resumes: shard-major order, session ids ascending within a
-/// shard. A session never changes shard, so one that exists for the whole
-/// listing is listed exactly once however others come and go.
+/// Where a listing resumes. Sessions are listed shard by shard, and within a
+/// shard in order of (hash of the id, id): a session never changes shard or
+/// hash, so one that exists for the whole listing is listed exactly once
+/// however others come and go. The hash is this process's, so a token names
+/// the coordinator instance that issued it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PageCursor {
+    instance: u64,
     shard_count: usize,
     shard: usize,
-    after: Option<SessionId>,
+    after: Option<(u64, SessionId)>,
 }
 
 impl PageCursor {
     /// The opaque `page_token` form.
     pub fn encode(&self) -> String {
-        let after = self.after.as_ref().map_or("", SessionId::as_str);
-        let raw = format!("v1\0{}\0{}\0{}", self.shard_count, self.shard, after);
+        let (hash, id) = match &self.after {
+            Some((hash, id)) => (hash.to_string(), id.as_str()),
+            None => (String::new(), ""),
+        };
+        let raw = format!(
+            "v2\0{}\0{}\0{}\0{hash}\0{id}",
+            self.instance, self.shard_count, self.shard
+        );
         URL_SAFE_NO_PAD.encode(raw)
     }
 
@@ -151,24 +159,29 @@ impl PageCursor {
         const BAD: &str = "is not a token this coordinator issued";
         let raw = URL_SAFE_NO_PAD.decode(token).map_err(|_| BAD)?;
         let raw = String::from_utf8(raw).map_err(|_| BAD)?;
-        let mut parts = raw.splitn(4, '\0');
-        if parts.next() != Some("v1") {
+        let mut parts = raw.splitn(6, '\0');
+        if parts.next() != Some("v2") {
             return Err(BAD);
         }
-        let mut number = || -> Result<usize, &'static str> {
+        let mut number = || -> Result<u64, &'static str> {
             parts.next().and_then(|p| p.parse().ok()).ok_or(BAD)
         };
-        let shard_count = number()?;
-        let shard = number()?;
-        let after = match parts.next() {
-            None => return Err(BAD),
-            Some("") => None,
-            Some(id) => Some(SessionId::parse(id).map_err(|_| BAD)?),
+        let instance = number()?;
+        let shard_count = usize::try_from(number()?).map_err(|_| BAD)?;
+        let shard = usize::try_from(number()?).map_err(|_| BAD)?;
+        let after = match (parts.next(), parts.next()) {
+            (Some(""), Some("")) => None,
+            (Some(hash), Some(id)) => Some((
+                hash.parse().map_err(|_| BAD)?,
+                SessionId::parse(id).map_err(|_| BAD)?,
+            )),
+            _ => return Err(BAD),
         };
         if shard >= shard_count {
             return Err(BAD);
         }
         Ok(Self {
+            instance,
             shard_count,
             shard,
             after,
@@ -178,7 +191,9 @@ impl PageCursor {
 
 #[derive(Default)]
 struct Shard {
-    sessions: BTreeMap<SessionId, Session>,
+    /// A hash map, not a tree: a call is one hash and about one cache miss
+    /// even with a million sessions; listing pays instead (see `list`).
+    sessions: HashMap<SessionId, Session>,
     expiry: BinaryHeap<Reverse<(Millis, SessionId)>>,
     watchers: HashMap<SessionId, broadcast::Sender<SharedEvent>>,
 }
@@ -186,6 +201,8 @@ struct Shard {
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: std::collections::hash_map::RandomState,
+    /// The seq numbering's starting point; also names this instance.
+    base_seq: u64,
     log: Arc<EventLog>,
     config: RegistryConfig,
     ttls: Ttls,
@@ -229,6 +246,7 @@ impl Registry {
             inner: Arc::new(Inner {
                 shards: (0..shards).map(|_| Mutex::default()).collect(),
                 hasher: Default::default(),
+                base_seq,
                 log: Arc::new(EventLog::new(
                     base_seq,
                     LogLimits {
@@ -358,14 +376,19 @@ impl Registry {
     }
 
     /// One page of sessions, `page_size` at most (callers clamp it).
+    ///
+    /// Each page costs one pass over the shards it reads (hash maps have no
+    /// order to seek in), keeping only the `page_size` smallest keys past the
+    /// cursor; listings are rare operator calls, lookups are the hot path.
     pub fn list(&self, page_size: usize, cursor: Option<PageCursor>) -> Result<Page, CoordError> {
         let shard_count = self.inner.shards.len();
+        let instance = self.inner.base_seq;
         let (mut shard, mut after) = match cursor {
             None => (0, None),
-            Some(cursor) if cursor.shard_count != shard_count => {
+            Some(cursor) if cursor.instance != instance || cursor.shard_count != shard_count => {
                 return Err(CoordError::invalid(
                     "page_token",
-                    "was issued by a coordinator with another shard count",
+                    "was issued by another coordinator instance; list again from the start",
                 ))
             }
             Some(cursor) => (cursor.shard, cursor.after),
@@ -380,37 +403,55 @@ impl Registry {
             if shard >= shard_count {
                 break None;
             }
+            let wanted = page_size - sessions.len();
             let guard = self.inner.lock_shard(shard);
-            let lower = after
-                .as_ref()
-                .map_or(Bound::Unbounded, |id| Bound::Excluded(id.as_str()));
-            let mut range = guard.sessions.range::<str, _>((lower, Bound::Unbounded));
-            for (id, session) in range.by_ref() {
-                sessions.push(session.snapshot(id));
-                if sessions.len() == page_size {
-                    break;
+            // The `wanted + 1` smallest keys past the cursor: one more than
+            // needed tells whether this shard has more.
+            let mut smallest: BinaryHeap<(u64, &str)> = BinaryHeap::with_capacity(wanted + 1);
+            for id in guard.sessions.keys() {
+                let key = (self.inner.hasher.hash_one(id.as_str()), id.as_str());
+                if after
+                    .as_ref()
+                    .is_some_and(|(hash, last)| key <= (*hash, last.as_str()))
+                {
+                    continue;
+                }
+                if smallest.len() <= wanted {
+                    smallest.push(key);
+                } else if smallest.peek().is_some_and(|largest| key < *largest) {
+                    smallest.pop();
+                    smallest.push(key);
                 }
             }
-            if sessions.len() == page_size {
-                let more_here = range.next().is_some();
-                break if more_here {
-                    sessions.last().map(|last| PageCursor {
-                        shard_count,
-                        shard,
-                        after: Some(last.session_id.clone()),
-                    })
-                } else if shard + 1 < shard_count {
-                    Some(PageCursor {
-                        shard_count,
-                        shard: shard + 1,
-                        after: None,
-                    })
-                } else {
-                    None
-                };
+            let more_here = smallest.len() > wanted;
+            let mut keys = smallest.into_sorted_vec();
+            keys.truncate(wanted);
+            let mut last = None;
+            for (hash, id) in keys {
+                if let Some((id, session)) = guard.sessions.get_key_value(id) {
+                    sessions.push(session.snapshot(id));
+                    last = Some((hash, id.clone()));
+                }
+            }
+            drop(guard);
+            if more_here {
+                break last.map(|after| PageCursor {
+                    instance,
+                    shard_count,
+                    shard,
+                    after: Some(after),
+                });
             }
             shard += 1;
             after = None;
+            if sessions.len() == page_size {
+                break (shard < shard_count).then_some(PageCursor {
+                    instance,
+                    shard_count,
+                    shard,
+                    after: None,
+                });
+            }
         };
         Ok(Page {
             sessions,
@@ -435,7 +476,7 @@ impl Registry {
                 // open is not (the contract: an open Watch does not count).
                 session.touch(now);
                 let backlog = match after_revision {
-                    Some(after) => session.history_after(after).map_err(|oldest| {
+                    Some(after) => session.history_after(id, after).map_err(|oldest| {
                         CoordError::HistoryUnavailable {
                             field: "after_revision",
                             requested: after,

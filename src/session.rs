@@ -93,19 +93,32 @@ pub struct Ttls {
     pub tombstone: Millis,
 }
 
+/// A retained event, without what the session already knows (its id, and its
+/// revision, which follows from its position). A million idle sessions keep
+/// their last events, so this is kept to 32 bytes and stored inline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct RetainedEvent {
+    seq: u64,
+    unix_nanos: i64,
+    kind: EventKind,
+}
+
 /// Clone, Eq and Hash let model checkers hold sessions as state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Session {
     phase: Phase,
     revision: u64,
     responses_started: u64,
-    history: VecDeque<SharedEvent>,
+    /// The last events, oldest first; the newest has revision `revision`.
+    history: VecDeque<RetainedEvent>,
     /// Boxed and created on first use: most sessions never send a request id,
     /// and this keeps them a pointer smaller.
     #[allow(clippy::box_collection)]
     replays: Option<Box<VecDeque<(RequestId, StartRecord)>>>,
-    last_call: Millis,
-    terminated_at: Option<Millis>,
+    /// While live, the time of the last call (idle expiry counts from it);
+    /// once terminated, the time of termination (the tombstone TTL counts
+    /// from it). One field because a session never needs both.
+    since: Millis,
     /// Due time of this session's live entry in the registry's expiry index;
     /// entries with another time are stale and skipped.
     expiry_entry: Millis,
@@ -119,8 +132,7 @@ impl Session {
             responses_started: 0,
             history: VecDeque::new(),
             replays: None,
-            last_call: now,
-            terminated_at: None,
+            since: now,
             expiry_entry: 0,
         }
     }
@@ -144,7 +156,9 @@ impl Session {
 
     /// Any call naming the session keeps it alive.
     pub fn touch(&mut self, now: Millis) {
-        self.last_call = self.last_call.max(now);
+        if self.phase != Phase::Terminated {
+            self.since = self.since.max(now);
+        }
     }
 
     /// The original answer to a Start carrying `request_id`, if this session
@@ -197,16 +211,18 @@ impl Session {
                 unix_nanos,
                 kind,
             });
-            if history_limit > 0 {
-                if self.history.len() >= history_limit {
-                    self.history.pop_front();
-                }
-                self.history.push_back(event.clone());
-            }
+            self.retain(
+                RetainedEvent {
+                    seq: event.seq,
+                    unix_nanos,
+                    kind,
+                },
+                history_limit,
+            );
             events.push(event);
         }
-        if transition.next == Phase::Terminated && self.terminated_at.is_none() {
-            self.terminated_at = Some(now);
+        if transition.next == Phase::Terminated && self.phase != Phase::Terminated {
+            self.since = now;
         }
         self.phase = transition.next;
         if let (
@@ -238,24 +254,54 @@ impl Session {
         }
     }
 
+    fn retain(&mut self, event: RetainedEvent, limit: usize) {
+        if limit == 0 {
+            return;
+        }
+        if self.history.len() >= limit {
+            self.history.pop_front();
+        } else if self.history.len() == self.history.capacity() && self.history.len() < 4 {
+            // Grow one slot at a time while small: most sessions hold only a
+            // handful of events, and doubling would leave half of it empty.
+            self.history.reserve_exact(1);
+        }
+        self.history.push_back(event);
+    }
+
+    /// Revision of the oldest retained event.
+    fn oldest_retained_revision(&self) -> u64 {
+        self.revision + 1 - self.history.len() as u64
+    }
+
     /// Retained events with revision above `after`, or `Err(oldest)` (the
     /// oldest retained revision minus one: the earliest resume point) when
     /// some of them are no longer retained.
-    pub fn history_after(&self, after: u64) -> Result<VecDeque<SharedEvent>, u64> {
+    pub fn history_after(
+        &self,
+        session_id: &SessionId,
+        after: u64,
+    ) -> Result<VecDeque<SharedEvent>, u64> {
         if after >= self.revision {
             return Ok(VecDeque::new());
         }
-        let oldest_kept = self
-            .history
-            .front()
-            .map_or(self.revision + 1, |event| event.revision);
+        let oldest_kept = self.oldest_retained_revision();
         if after + 1 < oldest_kept {
             return Err(oldest_kept - 1);
         }
-        let start = self
-            .history
-            .partition_point(|event| event.revision <= after);
-        Ok(self.history.range(start..).cloned().collect())
+        let skip = usize::try_from(after + 1 - oldest_kept).unwrap_or(usize::MAX);
+        Ok((oldest_kept..)
+            .zip(&self.history)
+            .skip(skip)
+            .map(|(revision, event)| {
+                Arc::new(LifecycleEvent {
+                    session_id: session_id.clone(),
+                    revision,
+                    seq: event.seq,
+                    unix_nanos: event.unix_nanos,
+                    kind: event.kind,
+                })
+            })
+            .collect())
     }
 
     pub fn expiry_entry(&self) -> Millis {
@@ -268,9 +314,9 @@ impl Session {
 
     /// The deadline this session's expiry entry should be filed under.
     pub fn next_deadline(&self, ttls: Ttls) -> Millis {
-        match self.terminated_at {
-            Some(at) => at.saturating_add(ttls.tombstone),
-            None => self.last_call.saturating_add(ttls.idle),
+        match self.phase {
+            Phase::Terminated => self.since.saturating_add(ttls.tombstone),
+            Phase::Idle | Phase::Active(_) => self.since.saturating_add(ttls.idle),
         }
     }
 
@@ -282,9 +328,9 @@ impl Session {
         if now <= deadline {
             return ExpiryCheck::NotBefore(deadline.saturating_add(1));
         }
-        match self.terminated_at {
-            Some(_) => ExpiryCheck::Forget,
-            None => ExpiryCheck::Expire,
+        match self.phase {
+            Phase::Terminated => ExpiryCheck::Forget,
+            Phase::Idle | Phase::Active(_) => ExpiryCheck::Expire,
         }
     }
 }
@@ -379,11 +425,15 @@ mod tests {
         }
         // 1 + 4*3 = 13 events, the last 4 kept: revisions 10..=13.
         assert_eq!(session.revision(), 13);
-        assert_eq!(session.history_after(9).unwrap().len(), 4);
-        assert_eq!(session.history_after(12).unwrap().len(), 1);
-        assert_eq!(session.history_after(13).unwrap().len(), 0);
-        assert_eq!(session.history_after(50).unwrap().len(), 0);
-        assert_eq!(session.history_after(8).unwrap_err(), 9);
+        let replay = session.history_after(&sid(), 9).unwrap();
+        let revisions: Vec<u64> = replay.iter().map(|e| e.revision).collect();
+        assert_eq!(revisions, [10, 11, 12, 13]);
+        assert_eq!(replay[3].seq, 22 + 2);
+        assert_eq!(replay[0].session_id, sid());
+        assert_eq!(session.history_after(&sid(), 12).unwrap().len(), 1);
+        assert_eq!(session.history_after(&sid(), 13).unwrap().len(), 0);
+        assert_eq!(session.history_after(&sid(), 50).unwrap().len(), 0);
+        assert_eq!(session.history_after(&sid(), 8).unwrap_err(), 9);
     }
 
     #[test]

@@ -183,19 +183,72 @@ async fn a_mass_expiry_is_processed_in_batches() {
 #[test]
 fn page_cursors_round_trip_and_foreign_tokens_are_refused() {
     let cursor = PageCursor {
+        instance: 17,
         shard_count: 64,
         shard: 3,
-        after: Some(sid("tenant\u{a0}a/x\0y".replace('\0', "").as_str())),
+        after: Some((u64::MAX, sid("tenant\u{a0}a/x:y"))),
     };
     assert_eq!(PageCursor::decode(&cursor.encode()), Ok(cursor));
     let start = PageCursor {
+        instance: 17,
         shard_count: 8,
         shard: 7,
         after: None,
     };
     assert_eq!(PageCursor::decode(&start.encode()), Ok(start));
-    for bad in ["", "garbage", "djE", &URL_SAFE_NO_PAD.encode("v1\08\09\0x")] {
+    for bad in [
+        "",
+        "garbage",
+        "djE",
+        &URL_SAFE_NO_PAD.encode("v2\x0017\x008\x009\x00\x00"),
+        &URL_SAFE_NO_PAD.encode("v2\x0017\x008\x001\x00x\x00id"),
+        &URL_SAFE_NO_PAD.encode("v2\x0017\x008\x001\x005"),
+    ] {
         assert!(PageCursor::decode(bad).is_err(), "{bad:?}");
+    }
+    // A token from another instance is refused by the registry.
+    let registry = registry();
+    let foreign = PageCursor {
+        instance: 17,
+        shard_count: 4,
+        shard: 0,
+        after: None,
+    };
+    assert!(matches!(
+        registry.list(10, Some(foreign)),
+        Err(CoordError::InvalidArgument {
+            field: "page_token",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn listing_in_small_pages_visits_every_session_once() {
+    let registry = registry();
+    let ids: std::collections::BTreeSet<String> = (0..103).map(|i| format!("s{i}")).collect();
+    for id in &ids {
+        registry.start(&sid(id), Source::Client, None).unwrap();
+    }
+    for page_size in [1, 2, 7, 50, 103, 1000] {
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = registry.list(page_size, cursor).unwrap();
+            assert!(page.sessions.len() <= page_size);
+            seen.extend(page.sessions.into_iter().map(|s| s.session_id.to_string()));
+            match page.next {
+                Some(next) => cursor = Some(PageCursor::decode(&next.encode()).unwrap()),
+                None => break,
+            }
+        }
+        let unique: std::collections::BTreeSet<String> = seen.iter().cloned().collect();
+        assert_eq!(
+            unique.len(),
+            seen.len(),
+            "page size {page_size}: duplicates"
+        );
+        assert_eq!(unique, ids, "page size {page_size}");
     }
 }
 
