@@ -20,7 +20,7 @@
 
 use std::{
     cmp::Reverse,
-    collections::{BinaryHeap, HashMap, VecDeque},
+    collections::{hash_map::Entry, BinaryHeap, HashMap, VecDeque},
     hash::BuildHasher,
     sync::{Arc, PoisonError},
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -619,17 +619,16 @@ impl Inner {
         let unix_nanos = Clock::unix_nanos();
         let mut guard = self.shard(id);
         let shard = &mut *guard;
-        let created = if shard.sessions.contains_key(id.as_str()) {
-            false
-        } else if creates == Creates::No {
-            return Err(CoordError::SessionNotFound(id.clone()));
-        } else {
-            self.reserve_session()?;
-            shard.sessions.insert(id.clone(), Session::new(now));
-            true
-        };
-        let Some(session) = shard.sessions.get_mut(id.as_str()) else {
-            return Err(CoordError::SessionNotFound(id.clone()));
+        // One probe for the common case (the session exists).
+        let (session, created) = match shard.sessions.entry(id.clone()) {
+            Entry::Occupied(entry) => (entry.into_mut(), false),
+            Entry::Vacant(_) if creates == Creates::No => {
+                return Err(CoordError::SessionNotFound(id.clone()))
+            }
+            Entry::Vacant(entry) => {
+                self.reserve_session()?;
+                (entry.insert(Session::new(now)), true)
+            }
         };
         session.touch(now);
         if let Call::Start {
