@@ -608,7 +608,25 @@ impl Inner {
         }
     }
 
-    /// The one path every mutating call takes.
+    /// Runs one call through the session's machine and publishes its events,
+    /// with the session's shard locked: the only place a transition happens,
+    /// for gateway calls and expiry alike.
+    fn transition(
+        &self,
+        watchers: Option<&broadcast::Sender<SharedEvent>>,
+        session: &mut Session,
+        id: &SessionId,
+        call: &Call,
+        now: Millis,
+    ) -> crate::session::Applied {
+        let unix_nanos = Clock::unix_nanos();
+        let history = self.config.session_history;
+        self.log.append(watchers, |first_seq| {
+            session.apply(id, call, first_seq, unix_nanos, history, now)
+        })
+    }
+
+    /// The one path every gateway call that may change a session takes.
     fn call(
         &self,
         id: &SessionId,
@@ -616,7 +634,6 @@ impl Inner {
         creates: Creates,
     ) -> Result<(Outcome, SessionSnapshot, Option<StartRecord>), CoordError> {
         let now = self.clock.now();
-        let unix_nanos = Clock::unix_nanos();
         let mut guard = self.shard(id);
         let shard = &mut *guard;
         // One probe for the common case (the session exists).
@@ -648,12 +665,7 @@ impl Inner {
             }
         }
         let was_terminated = session.phase() == Phase::Terminated;
-        let history = self.config.session_history;
-        let applied = self
-            .log
-            .append(shard.watchers.get(id.as_str()), |first_seq| {
-                session.apply(id, call, first_seq, unix_nanos, history, now)
-            });
+        let applied = self.transition(shard.watchers.get(id.as_str()), session, id, call, now);
         let snapshot = session.snapshot(id);
         let newly_terminated = !was_terminated && session.phase() == Phase::Terminated;
         let deadline = session.next_deadline(self.ttls).saturating_add(1);
@@ -697,12 +709,7 @@ impl Inner {
                     let call = Call::Teardown {
                         reason: TeardownReason::Expired,
                     };
-                    let history = self.config.session_history;
-                    let unix_nanos = Clock::unix_nanos();
-                    self.log
-                        .append(shard.watchers.get(id.as_str()), |first_seq| {
-                            session.apply(&id, &call, first_seq, unix_nanos, history, now)
-                        });
+                    self.transition(shard.watchers.get(id.as_str()), session, &id, &call, now);
                     let at = session.next_deadline(self.ttls).saturating_add(1);
                     self.file_expiry(shard, &id, at);
                 }

@@ -161,13 +161,7 @@ async fn finish_of_the_active_response_completes_or_fails_it() {
 async fn finish_of_anything_but_the_active_response_is_stale() {
     let server = TestServer::start().await;
     let mut c = server.client().await;
-    let a = start(&mut c, "s").await.response_id;
-    let b = c
-        .start(start_req("s", Source::Vad, ""))
-        .await
-        .unwrap()
-        .into_inner()
-        .response_id;
+    let (a, b) = superseded_pair(&mut c, "s").await;
     let mut all = watch_all(&mut c, None).await;
     // The superseded id, id 0 and an id never issued are all stale on Active(b).
     for stale in [a, 0, b + 1000] {
@@ -225,13 +219,7 @@ async fn cancel_of_the_active_response() {
 async fn cancel_that_does_not_match_changes_nothing() {
     let server = TestServer::start().await;
     let mut c = server.client().await;
-    let a = start(&mut c, "s").await.response_id;
-    let b = c
-        .start(start_req("s", Source::Vad, ""))
-        .await
-        .unwrap()
-        .into_inner()
-        .response_id;
+    let (a, b) = superseded_pair(&mut c, "s").await;
     let mut all = watch_all(&mut c, None).await;
     // Active(b) with if_response_id = the superseded a: a Cancel aimed at an
     // old response never cancels a newer one.

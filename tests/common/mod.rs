@@ -111,6 +111,18 @@ pub async fn start(client: &mut Client, session: &str) -> pb::StartResponse {
         .into_inner()
 }
 
+/// Starts `a` on `session`, then `b` superseding it; returns both ids.
+pub async fn superseded_pair(client: &mut Client, session: &str) -> (u64, u64) {
+    let a = start(client, session).await.response_id;
+    let b = client
+        .start(start_req(session, pb::Source::Vad, ""))
+        .await
+        .expect("superseding start")
+        .into_inner();
+    assert_eq!(b.superseded_response_id, a);
+    (a, b.response_id)
+}
+
 pub async fn finish(
     client: &mut Client,
     session: &str,
