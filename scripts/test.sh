@@ -2,4 +2,8 @@
 # The test command (README, and CI through .ci/run): every test of the crate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec cargo test --locked --all-targets "$@"
+cargo test --locked --all-targets "$@"
+# Deployment: Dockerfile lint, every Kubernetes manifest rendered and
+# validated against the Kubernetes schemas, the Grafana dashboard's metric
+# names (deploy/README.md; installs its pinned tools into target/).
+./deploy/check.sh

