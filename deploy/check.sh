@@ -2,7 +2,8 @@
 # Validates everything under deploy/ without a cluster or a Docker engine:
 #
 #   1. hadolint lints deploy/Dockerfile;
-#   2. `kubectl kustomize` renders the base and both overlays;
+#   2. `kubectl kustomize` renders the base, both overlays, and an example
+#      composition with the optional components (TLS, auth tokens);
 #   3. deploy/check_manifests.py validates each rendering against the
 #      Kubernetes schemas of $K8S_VERSIONS (strict: unknown fields fail), the
 #      ServiceMonitor against the Prometheus Operator's CRD models, and the
@@ -55,8 +56,8 @@ echo "ok   deploy/Dockerfile: hadolint $("$bin/hadolint" --version | awk '{print
 
 # 2. Render every kustomization.
 renders=()
-for target in base overlays/memory overlays/nats; do
-  name="${target#overlays/}"
+for target in base overlays/memory overlays/nats examples/memory-tls-auth; do
+  name="${target#*/}"
   out="$work/$name.yaml"
   "$bin/kubectl" kustomize "deploy/kubernetes/$target" >"$out"
   renders+=("$name=$out")

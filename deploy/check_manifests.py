@@ -2,7 +2,8 @@
 
     check_manifests.py K8S_VERSION[,K8S_VERSION...] OVERLAY=RENDERED.yaml...
 
-OVERLAY is memory, nats, or base (the base gets step 1 only). For each
+OVERLAY is memory or nats, optionally with the components it composes
+(memory-tls-auth), or base (the base gets step 1 only). For each
 rendering (`kubectl kustomize`):
 
 1. Every core object validates against the Kubernetes JSON schemas of each
@@ -128,7 +129,9 @@ def env_of(container):
     return {e["name"]: e for e in container.get("env", [])}
 
 
-def policy_check(p, overlay, objects):
+def policy_check(p, name, objects):
+    # "memory", "nats", or a composition "memory-tls-auth": backend, features.
+    overlay, *features = name.split("-")
     by_kind = {}
     for obj in objects:
         by_kind.setdefault(obj["kind"], []).append(obj)
@@ -182,10 +185,43 @@ def policy_check(p, overlay, objects):
         p.check(value.endswith(f":{port}"), f"{var}={value!r} does not listen on the container port {port}")
 
     ready, live = c.get("readinessProbe", {}), c.get("livenessProbe", {})
-    p.check(ready.get("grpc") == {"port": GRPC_PORT, "service": SERVICE},
-            f"readinessProbe must be grpc {{port: {GRPC_PORT}, service: {SERVICE}}}, got {ready.get('grpc')}")
-    p.check(live.get("grpc", {}).get("port") == GRPC_PORT and live.get("grpc", {}).get("service", "") == "",
-            f"livenessProbe must be grpc {{port: {GRPC_PORT}, service: \"\"}}, got {live.get('grpc')}")
+    if "tls" in features:
+        # The kubelet's gRPC probe is plaintext: under TLS the probes use
+        # the metrics port's HTTP endpoints.
+        for probe, name, path in ((ready, "readinessProbe", "/readyz"), (live, "livenessProbe", "/healthz")):
+            get = probe.get("httpGet", {})
+            p.check("grpc" not in probe and get.get("path") == path
+                    and ports.get(get.get("port"), get.get("port")) == METRICS_PORT,
+                    f"tls: {name} must be httpGet {path} on the metrics port, got {probe}")
+    else:
+        p.check(ready.get("grpc") == {"port": GRPC_PORT, "service": SERVICE},
+                f"readinessProbe must be grpc {{port: {GRPC_PORT}, service: {SERVICE}}}, got {ready.get('grpc')}")
+        p.check(live.get("grpc", {}).get("port") == GRPC_PORT and live.get("grpc", {}).get("service", "") == "",
+                f"livenessProbe must be grpc {{port: {GRPC_PORT}, service: \"\"}}, got {live.get('grpc')}")
+
+    # Files: only read-only Secret mounts, readable by the container's user.
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
+    for m in mounts.values():
+        v = volumes.get(m["name"], {})
+        p.check(m.get("readOnly") is True, f"volumeMount {m['mountPath']} must be readOnly")
+        p.check("secret" in v, f"volume {m['name']} must be a Secret (nothing else is mounted)")
+        mode = v.get("secret", {}).get("defaultMode", 0o644)
+        p.check(mode & 0o004 or (mode & 0o040 and psc.get("fsGroup") == 65532),
+                f"volume {m['name']}: mode {mode:o} is unreadable by uid 65532 without fsGroup 65532")
+
+    def mounted_file(var, feature):
+        path = env.get(var, {}).get("value", "")
+        p.check(any(path.startswith(mp.rstrip("/") + "/") for mp in mounts),
+                f"{feature}: {var}={path!r} is not under a mounted Secret")
+
+    if "tls" in features:
+        mounted_file("RESPCOORD_TLS_CERT", "tls")
+        mounted_file("RESPCOORD_TLS_KEY", "tls")
+    else:
+        p.check("RESPCOORD_TLS_CERT" not in env, "TLS is set but the probes are gRPC (plaintext only)")
+    if "auth" in features:
+        mounted_file("RESPCOORD_AUTH_TOKENS", "auth")
 
     res = c.get("resources", {})
     for kind in ("requests", "limits"):
