@@ -35,7 +35,7 @@ kv.schema_contents = functools.lru_cache(maxsize=None)(kv.schema_contents)
 
 NAME = "respcoord"
 GRPC_PORT = 50051
-METRICS_PORT = 9090
+METRICS_PORT = 9464
 SERVICE = "respcoord.v1.ResponseCoordinator"
 CLIENT_LABEL = ("respcoord.io/client", "true")
 # Margin between the drain (preStop + shutdown grace) and the kubelet's SIGKILL.
