@@ -1,11 +1,16 @@
 //! Command line and environment. Every flag has a `RESPCOORD_*` variable;
 //! a bad value exits with status 2 and a message naming the flag (clap).
 
-use std::{net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, path::Path, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{grpc::WatchSettings, registry::RegistryConfig};
+use crate::{
+    auth::Tokens,
+    grpc::WatchSettings,
+    registry::RegistryConfig,
+    server::{Limits, Pem, TlsConfig},
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -39,6 +44,20 @@ fn positive_duration(raw: &str) -> Result<Duration, String> {
         return Err("must be greater than zero".into());
     }
     Ok(duration)
+}
+
+/// `--auth-tokens`: the file is read and checked while the flags are parsed,
+/// so a bad one exits 2 naming the flag. The message names lines, never tokens.
+fn token_file(raw: &str) -> Result<Tokens, String> {
+    Tokens::load(Path::new(raw)).map_err(|e| e.to_string())
+}
+
+fn certificate_file(raw: &str) -> Result<Pem, String> {
+    Pem::certificates(Path::new(raw))
+}
+
+fn private_key_file(raw: &str) -> Result<Pem, String> {
+    Pem::private_key(Path::new(raw))
 }
 
 #[derive(Debug, Clone, Args)]
@@ -93,6 +112,63 @@ pub struct ServeArgs {
     #[arg(long, env = "RESPCOORD_SHUTDOWN_GRACE", default_value = "10s", value_parser = positive_duration)]
     pub shutdown_grace: Duration,
 
+    /// Address of the metrics port: Prometheus `/metrics`, `/healthz`, `/readyz`
+    /// over plain HTTP (unset: no metrics port).
+    #[arg(long, env = "RESPCOORD_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Longest a call may run; a shorter `grpc-timeout` from the caller wins.
+    #[arg(long, env = "RESPCOORD_REQUEST_TIMEOUT", default_value = "30s", value_parser = positive_duration)]
+    pub request_timeout: Duration,
+
+    /// Calls in flight at once; beyond it a call is answered UNAVAILABLE at once.
+    #[arg(long, env = "RESPCOORD_MAX_CONCURRENT_CALLS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_concurrent_calls: u64,
+
+    /// Largest request or response message, in bytes.
+    #[arg(long, env = "RESPCOORD_MAX_MESSAGE_SIZE", default_value_t = 4 * 1024 * 1024,
+          value_parser = clap::value_parser!(u64).range(1024..=1024 * 1024 * 1024))]
+    pub max_message_size: u64,
+
+    /// HTTP/2 PING interval on idle connections (dead peers are noticed).
+    #[arg(long, env = "RESPCOORD_HTTP2_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = positive_duration)]
+    pub http2_keepalive_interval: Duration,
+
+    /// How long a PING may go unanswered before the connection is closed.
+    #[arg(long, env = "RESPCOORD_HTTP2_KEEPALIVE_TIMEOUT", default_value = "20s", value_parser = positive_duration)]
+    pub http2_keepalive_timeout: Duration,
+
+    /// Concurrent HTTP/2 streams (calls and watches) per connection.
+    #[arg(long, env = "RESPCOORD_MAX_CONCURRENT_STREAMS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_streams: u32,
+
+    /// Watch streams open at once; beyond it Watch is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "RESPCOORD_MAX_WATCHERS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub max_watchers: u64,
+
+    /// Serve TLS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, env = "RESPCOORD_TLS_CERT", value_name = "PEM_FILE",
+          value_parser = certificate_file, requires = "tls_key")]
+    pub tls_cert: Option<Pem>,
+
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "RESPCOORD_TLS_KEY", value_name = "PEM_FILE",
+          value_parser = private_key_file, requires = "tls_cert")]
+    pub tls_key: Option<Pem>,
+
+    /// Mutual TLS: require client certificates signed by these PEM CA certificates.
+    #[arg(long, env = "RESPCOORD_TLS_CLIENT_CA", value_name = "PEM_FILE",
+          value_parser = certificate_file, requires = "tls_cert")]
+    pub tls_client_ca: Option<Pem>,
+
+    /// Require `authorization: Bearer <token>` on coordinator calls, with the
+    /// tokens (and their session id prefix scopes) listed in this file.
+    #[arg(long, env = "RESPCOORD_AUTH_TOKENS", value_name = "FILE", value_parser = token_file)]
+    pub auth_tokens: Option<Tokens>,
+
     /// Log line format.
     #[arg(long, env = "RESPCOORD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
@@ -120,7 +196,30 @@ impl ServeArgs {
     pub fn watch_settings(&self) -> WatchSettings {
         WatchSettings {
             bookmark_interval: self.bookmark_interval,
+            max_watchers: usize::try_from(self.max_watchers).unwrap_or(usize::MAX),
             ..WatchSettings::default()
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            request_timeout: self.request_timeout,
+            max_concurrent_calls: usize::try_from(self.max_concurrent_calls).unwrap_or(usize::MAX),
+            max_message_bytes: usize::try_from(self.max_message_size).unwrap_or(usize::MAX),
+            http2_keepalive_interval: Some(self.http2_keepalive_interval),
+            http2_keepalive_timeout: self.http2_keepalive_timeout,
+            max_concurrent_streams: self.max_concurrent_streams,
+        }
+    }
+
+    pub fn tls(&self) -> Option<TlsConfig> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsConfig {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            }),
+            _ => None,
         }
     }
 }

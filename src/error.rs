@@ -36,6 +36,9 @@ pub enum CoordError {
         .0.last_seq.unwrap_or(0)
     )]
     WatcherLagged(Lagged),
+
+    #[error("watcher limit of {max} reached: end another watch or raise --max-watchers")]
+    WatcherLimit { max: usize },
 }
 
 impl CoordError {

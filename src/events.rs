@@ -25,7 +25,11 @@ use crate::sync::{
     atomic::{AtomicU64, Ordering},
     Mutex, MutexGuard,
 };
-use crate::{error::CoordError, ids::SessionId, machine::EventKind};
+use crate::{
+    error::CoordError,
+    ids::{SessionId, SessionScope},
+    machine::EventKind,
+};
 
 /// One emitted event, as watchers and the retained history see it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -242,6 +246,8 @@ pub struct Subscription {
     // runs, so the release sees this watcher gone.
     live: broadcast::Receiver<SharedEvent>,
     scope: Scope,
+    /// Sessions this watcher may see (a scoped caller's watch-all).
+    filter: SessionScope,
     log: Arc<EventLog>,
     finished: bool,
     last_seq: Option<u64>,
@@ -261,6 +267,7 @@ impl Subscription {
             backlog,
             live,
             scope,
+            filter: SessionScope::All,
             log,
             finished: false,
             last_seq: None,
@@ -280,7 +287,21 @@ impl Subscription {
         self
     }
 
+    /// Limits the watch to sessions in `filter`: other sessions' events are
+    /// skipped, from the backlog and live. A bookmark's promise then covers
+    /// the events this watch matches, as the contract words it.
+    pub(crate) fn within(mut self, filter: SessionScope) -> Self {
+        if filter != SessionScope::All {
+            self.backlog.retain(|e| filter.contains(&e.session_id));
+        }
+        self.filter = filter;
+        self
+    }
+
     fn wanted(&self, event: &LifecycleEvent) -> bool {
+        if !self.filter.contains(&event.session_id) {
+            return false;
+        }
         match self.scope {
             Scope::Session {
                 skip_through_revision,

@@ -126,6 +126,50 @@ impl fmt::Display for ResponseId {
     }
 }
 
+/// The sessions a caller may see and touch: every session, or those whose id
+/// starts with a prefix (a multi-tenant gateway's token for `tenant-a/`).
+/// Authentication decides a caller's scope (`auth`); the registry filters
+/// listings and watch-all by it, and the service refuses calls outside it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SessionScope {
+    #[default]
+    All,
+    Prefix(Arc<str>),
+}
+
+impl SessionScope {
+    /// A prefix scope. The prefix follows the session id rules (1 to 256
+    /// bytes, no control characters): a session id can start with it.
+    pub fn prefix(prefix: &str) -> Result<Self, IdError> {
+        let valid = SessionId::parse(prefix)?;
+        Ok(Self::Prefix(valid.0))
+    }
+
+    pub fn contains(&self, id: &SessionId) -> bool {
+        match self {
+            SessionScope::All => true,
+            SessionScope::Prefix(prefix) => id.as_str().starts_with(&**prefix),
+        }
+    }
+
+    /// The prefix every session in scope starts with, if restricted.
+    pub fn as_prefix(&self) -> Option<&str> {
+        match self {
+            SessionScope::All => None,
+            SessionScope::Prefix(prefix) => Some(prefix),
+        }
+    }
+}
+
+impl fmt::Display for SessionScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SessionScope::All => f.write_str("every session"),
+            SessionScope::Prefix(prefix) => write!(f, "session ids starting with {prefix:?}"),
+        }
+    }
+}
+
 /// 0 for "none", as the wire spells it.
 pub fn response_id_or_zero(id: Option<ResponseId>) -> u64 {
     id.map_or(0, ResponseId::get)
@@ -172,6 +216,19 @@ mod tests {
             .unwrap()
             .is_some());
         assert!(RequestId::parse_optional(&"r".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn scope_is_a_prefix_of_session_ids() {
+        let id = |raw| SessionId::parse(raw).unwrap();
+        let scope = SessionScope::prefix("tenant-a/").unwrap();
+        assert!(scope.contains(&id("tenant-a/call-1")));
+        assert!(scope.contains(&id("tenant-a/")));
+        assert!(!scope.contains(&id("tenant-b/call-1")));
+        assert!(!scope.contains(&id("tenant-a")));
+        assert!(SessionScope::All.contains(&id("anything")));
+        assert_eq!(SessionScope::prefix(""), Err(IdError::Empty));
+        assert!(SessionScope::prefix("a\n").is_err());
     }
 
     #[test]

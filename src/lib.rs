@@ -10,28 +10,39 @@
 //!   `(Phase, Input) -> (Phase, events, outcome)`.
 //! - [`session`] — one session's record around the machine: revisions, retained
 //!   events, request-id replay, idle/tombstone deadlines (time is an argument).
-//! - [`ids`] — session, request and response ids, valid by construction.
+//! - [`ids`] — session, request and response ids, valid by construction;
+//!   a caller's session scope (all sessions, or an id prefix).
 //!
 //! Shell:
 //! - [`registry`] — the sharded map of session actors; the expiry index.
 //! - [`events`] — the event log: seq numbering, retention, fan-out to watchers.
+//! - [`stats`] — counters of what the registry did (per shard, summed on read).
 //! - [`grpc`] — proto <-> domain mapping and validation, the error-to-status
-//!   mapping, the service, watch delivery.
-//! - [`server`] — assembly (health, reflection, expiry task, graceful shutdown).
+//!   mapping, the service, watch delivery, the per-RPC observation layer
+//!   (span, W3C trace context, call metrics, debug log).
+//! - [`server`] — assembly (health, reflection, expiry task, graceful
+//!   shutdown, TLS, limits: deadlines, load shedding, message size, HTTP/2).
+//! - [`auth`] — bearer tokens from a file, each with a session scope; the
+//!   interceptor that authenticates calls.
+//! - [`metrics`] — OpenTelemetry instruments, Prometheus `/metrics` with
+//!   `/healthz` and `/readyz` on the metrics port, OTLP metric export.
 //! - [`config`] — flags and `RESPCOORD_*` environment variables.
-//! - [`telemetry`] — logging.
+//! - [`telemetry`] — logging; OTLP trace export and W3C trace context.
 //! - [`error`] — the typed errors every layer shares.
 //! - [`proto`] — generated wire types.
 
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod events;
 pub mod grpc;
 pub mod ids;
 pub mod machine;
+pub mod metrics;
 pub mod proto;
 pub mod registry;
 pub mod server;
 pub mod session;
+pub mod stats;
 mod sync;
 pub mod telemetry;

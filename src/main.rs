@@ -1,18 +1,29 @@
-use std::process::ExitCode;
+use std::{error::Error, process::ExitCode};
 
 use clap::Parser;
 use respcoord::{
     config::{Cli, Command},
-    server::{self, ServerConfig},
-    telemetry,
+    server::{self, Listeners, ServeError, ServerConfig},
+    telemetry::{self, OtlpSignals},
 };
+
+/// Invalid configuration: the same status clap uses for a bad flag.
+const BAD_CONFIG: u8 = 2;
+
+/// An error with its causes, `a: b: c`.
+fn chain(error: &dyn Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
 
 fn main() -> ExitCode {
     let Command::Serve(args) = Cli::parse().command;
-    if let Err(error) = telemetry::init(args.log_format, &args.log) {
-        eprintln!("error: --log: {error}");
-        return ExitCode::from(2);
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -23,31 +34,81 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async {
-        let listener = match tokio::net::TcpListener::bind(args.listen).await {
+    let signals = OtlpSignals::from_env();
+    // The OTLP exporters are tonic clients: build them inside the runtime.
+    let telemetry = {
+        let _runtime = runtime.enter();
+        match telemetry::init(args.log_format, &args.log, signals) {
+            Ok(telemetry) => telemetry,
+            Err(error) => {
+                eprintln!("error: {}", chain(&error));
+                return ExitCode::from(BAD_CONFIG);
+            }
+        }
+    };
+    let tls = args.tls();
+    if let Some(tls) = &tls {
+        if let Err(error) = tls.check() {
+            eprintln!("error: --tls-cert/--tls-key: {}", chain(&error));
+            return ExitCode::from(BAD_CONFIG);
+        }
+    }
+    let code = runtime.block_on(async {
+        let grpc = match tokio::net::TcpListener::bind(args.listen).await {
             Ok(listener) => listener,
             Err(error) => {
                 tracing::error!(listen = %args.listen, %error, "cannot listen");
                 return ExitCode::FAILURE;
             }
         };
-        tracing::info!(listen = %args.listen, "respcoord serving (embedded in-memory coordinator)");
+        let metrics = match args.metrics_listen {
+            None => None,
+            Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    tracing::error!(metrics_listen = %addr, %error, "cannot listen");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
+        tracing::info!(
+            listen = %args.listen,
+            metrics_listen = ?args.metrics_listen,
+            tls = tls.is_some(),
+            mutual_tls = tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+            auth_tokens = args.auth_tokens.as_ref().map_or(0, |t| t.len()),
+            otlp_traces = signals.traces,
+            otlp_metrics = signals.metrics,
+            "respcoord serving (embedded in-memory coordinator)"
+        );
         let config = ServerConfig {
             registry: args.registry_config(),
             watch: args.watch_settings(),
             shutdown_grace: args.shutdown_grace,
+            limits: args.limits(),
+            tls,
+            auth: args.auth_tokens.clone(),
+            otlp_metrics: signals.metrics,
         };
-        match server::serve(config, listener, shutdown_signal()).await {
+        let listeners = Listeners { grpc, metrics };
+        match server::serve(config, listeners, shutdown_signal()).await {
             Ok(()) => {
                 tracing::info!("stopped");
                 ExitCode::SUCCESS
             }
+            Err(error @ ServeError::Metrics(_)) => {
+                eprintln!("error: {}", chain(&error));
+                ExitCode::from(BAD_CONFIG)
+            }
             Err(error) => {
-                tracing::error!(%error, "server failed");
+                tracing::error!(error = %chain(&error), "server failed");
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    // Outside the runtime's workers: flushing waits on the exporter.
+    telemetry.shutdown();
+    code
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

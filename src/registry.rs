@@ -36,9 +36,10 @@ use crate::sync::{
 use crate::{
     error::CoordError,
     events::{EventLog, LogLimits, OnDrop, Scope, SharedEvent, Subscription},
-    ids::{ResponseId, SessionId},
+    ids::{ResponseId, SessionId, SessionScope},
     machine::{Outcome, Phase, TeardownReason},
     session::{Call, ExpiryCheck, Millis, Session, SessionSnapshot, StartRecord, Ttls},
+    stats::CoordStats,
 };
 
 /// Tunables of the registry; see `config` for the flags that set them.
@@ -196,6 +197,8 @@ struct Shard {
     sessions: HashMap<SessionId, Session>,
     expiry: BinaryHeap<Reverse<(Millis, SessionId)>>,
     watchers: HashMap<SessionId, broadcast::Sender<SharedEvent>>,
+    /// This shard's counters for the metrics, kept under its lock.
+    stats: CoordStats,
 }
 
 struct Inner {
@@ -381,6 +384,17 @@ impl Registry {
     /// order to seek in), keeping only the `page_size` smallest keys past the
     /// cursor; listings are rare operator calls, lookups are the hot path.
     pub fn list(&self, page_size: usize, cursor: Option<PageCursor>) -> Result<Page, CoordError> {
+        self.list_scoped(&SessionScope::All, page_size, cursor)
+    }
+
+    /// As [`Registry::list`], over the sessions in `scope` only (a tenant's
+    /// listing); other sessions are skipped, never counted toward a page.
+    pub fn list_scoped(
+        &self,
+        scope: &SessionScope,
+        page_size: usize,
+        cursor: Option<PageCursor>,
+    ) -> Result<Page, CoordError> {
         let shard_count = self.inner.shards.len();
         let instance = self.inner.base_seq;
         let (mut shard, mut after) = match cursor {
@@ -409,6 +423,9 @@ impl Registry {
             // needed tells whether this shard has more.
             let mut smallest: BinaryHeap<(u64, &str)> = BinaryHeap::with_capacity(wanted + 1);
             for id in guard.sessions.keys() {
+                if !scope.contains(id) {
+                    continue;
+                }
                 let key = (self.inner.hasher.hash_one(id.as_str()), id.as_str());
                 if after
                     .as_ref()
@@ -523,6 +540,24 @@ impl Registry {
     /// Watch every session in seq order, from `after_seq` or from now.
     pub fn watch_all(&self, after_seq: Option<u64>) -> Result<Subscription, CoordError> {
         self.inner.log.subscribe_all(after_seq)
+    }
+
+    /// As [`Registry::watch_all`], seeing only the sessions in `scope`.
+    pub fn watch_all_scoped(
+        &self,
+        scope: &SessionScope,
+        after_seq: Option<u64>,
+    ) -> Result<Subscription, CoordError> {
+        Ok(self.watch_all(after_seq)?.within(scope.clone()))
+    }
+
+    /// The counters of every shard, summed (one short lock per shard).
+    pub fn stats(&self) -> CoordStats {
+        let mut total = CoordStats::default();
+        for index in 0..self.inner.shards.len() {
+            total.add(&self.inner.lock_shard(index).stats);
+        }
+        total
     }
 
     /// Expires and forgets what is due now; returns when something is next due.
@@ -644,6 +679,7 @@ impl Inner {
             }
             Entry::Vacant(entry) => {
                 self.reserve_session()?;
+                shard.stats.created();
                 (entry.insert(Session::new(now)), true)
             }
         };
@@ -654,6 +690,7 @@ impl Inner {
         } = call
         {
             if let Some(record) = session.replayed(request_id) {
+                shard.stats.replayed();
                 return Ok((
                     Outcome::Started {
                         response: record.response,
@@ -665,7 +702,9 @@ impl Inner {
             }
         }
         let was_terminated = session.phase() == Phase::Terminated;
+        let before = session.phase();
         let applied = self.transition(shard.watchers.get(id.as_str()), session, id, call, now);
+        shard.stats.applied(before, call, &applied, session.phase());
         let snapshot = session.snapshot(id);
         let newly_terminated = !was_terminated && session.phase() == Phase::Terminated;
         let deadline = session.next_deadline(self.ttls).saturating_add(1);
@@ -709,12 +748,18 @@ impl Inner {
                     let call = Call::Teardown {
                         reason: TeardownReason::Expired,
                     };
-                    self.transition(shard.watchers.get(id.as_str()), session, &id, &call, now);
+                    let before = session.phase();
+                    let applied =
+                        self.transition(shard.watchers.get(id.as_str()), session, &id, &call, now);
+                    shard
+                        .stats
+                        .applied(before, &call, &applied, session.phase());
                     let at = session.next_deadline(self.ttls).saturating_add(1);
                     self.file_expiry(shard, &id, at);
                 }
                 ExpiryCheck::Forget => {
                     shard.sessions.remove(id.as_str());
+                    shard.stats.forgotten();
                     self.session_count.fetch_sub(1, Ordering::AcqRel);
                 }
             }

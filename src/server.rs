@@ -1,19 +1,57 @@
-//! Server assembly: the coordinator service, gRPC health and reflection, the
-//! expiry task, and graceful shutdown.
+//! Server assembly: the coordinator service behind authentication and
+//! limits, gRPC health and reflection, TLS, the per-RPC observation layer,
+//! the metrics port, the expiry task, and graceful shutdown.
 //!
-//! Shutdown order (SIGTERM or the caller's signal): health turns NOT_SERVING
-//! for both service names, open watches end with OK, the server stops
-//! accepting and lets in-flight calls finish for up to the grace period.
+//! What a call passes through, outside in:
+//! - TLS (optional, mutual with a client CA);
+//! - tonic's per-call deadline: the shorter of the caller's `grpc-timeout`
+//!   and `--request-timeout`;
+//! - [`ObserveLayer`]: span, trace context, call metrics, debug log;
+//! - the router; health is reached directly (probes are never shed, never
+//!   need a token);
+//! - coordinator and reflection: load shedding over one global concurrency
+//!   limit ([`Guarded`]): a call beyond `--max-concurrent-calls` in flight
+//!   is answered UNAVAILABLE at once rather than queued;
+//! - coordinator only: the bearer-token interceptor (`auth`), then the
+//!   service with its message size limits.
+//!
+//! Shutdown order (SIGTERM or the caller's signal): `/readyz` turns 503 and
+//! health NOT_SERVING for both service names; open watches end with OK; the
+//! server stops accepting and lets in-flight calls finish for up to the grace
+//! period; then the metrics port closes.
 
-use std::{future::Future, time::Duration};
+use std::{
+    convert::Infallible,
+    fmt,
+    future::Future,
+    path::Path,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
+use http::{Request, Response};
+use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{server::TcpIncoming, Server};
+use tonic::{
+    body::Body,
+    server::NamedService,
+    service::interceptor::InterceptedService,
+    transport::{server::TcpIncoming, Certificate, Identity, Server, ServerTlsConfig},
+};
 use tonic_health::ServingStatus;
+use tower::{
+    limit::{ConcurrencyLimit, GlobalConcurrencyLimitLayer},
+    load_shed::LoadShed,
+    Layer, Service,
+};
 
 use crate::{
-    grpc::{CoordinatorService, WatchSettings},
+    auth::{Authenticator, Tokens},
+    grpc::{observe::ObserveLayer, status, CoordinatorService, WatchSettings},
+    metrics::{self, Metrics, Readiness, Sources},
     proto::{self, v1::response_coordinator_server::ResponseCoordinatorServer},
     registry::{Registry, RegistryConfig},
 };
@@ -24,6 +62,141 @@ pub struct ServerConfig {
     pub watch: WatchSettings,
     /// How long in-flight calls may run after shutdown begins.
     pub shutdown_grace: Duration,
+    pub limits: Limits,
+    /// Serve TLS (mutual TLS with a client CA) instead of plaintext.
+    pub tls: Option<TlsConfig>,
+    /// Require a bearer token from this set on coordinator calls.
+    pub auth: Option<Tokens>,
+    /// Also push metrics over OTLP (`telemetry::OtlpSignals`).
+    pub otlp_metrics: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            registry: RegistryConfig::default(),
+            watch: WatchSettings::default(),
+            shutdown_grace: Duration::from_secs(10),
+            limits: Limits::default(),
+            tls: None,
+            auth: None,
+            otlp_metrics: false,
+        }
+    }
+}
+
+/// Resource limits of the gRPC server; see `config` for their flags.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Longest a call may take before its response starts; a shorter
+    /// `grpc-timeout` from the caller wins. Watch streams are not cut by it.
+    pub request_timeout: Duration,
+    /// Calls in flight at once (coordinator and reflection); beyond it calls
+    /// are answered UNAVAILABLE at once.
+    pub max_concurrent_calls: usize,
+    /// Largest request or response message.
+    pub max_message_bytes: usize,
+    /// HTTP/2 PING interval on idle connections (`None`: no pings).
+    pub http2_keepalive_interval: Option<Duration>,
+    /// How long a PING may go unanswered before the connection is closed.
+    pub http2_keepalive_timeout: Duration,
+    /// Concurrent HTTP/2 streams (calls, watches) per connection.
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(30),
+            max_concurrent_calls: 1024,
+            max_message_bytes: 4 * 1024 * 1024,
+            http2_keepalive_interval: Some(Duration::from_secs(30)),
+            http2_keepalive_timeout: Duration::from_secs(20),
+            max_concurrent_streams: 1024,
+        }
+    }
+}
+
+/// PEM text read from a file. `Debug` shows only its size: a private key
+/// never reaches a log.
+#[derive(Clone)]
+pub struct Pem(Arc<[u8]>);
+
+impl fmt::Debug for Pem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Pem({} bytes)", self.0.len())
+    }
+}
+
+impl Pem {
+    /// A file of one or more PEM certificates (a chain, or CA roots).
+    pub fn certificates(path: &Path) -> Result<Self, String> {
+        let pem = read(path)?;
+        let mut count = 0;
+        for certificate in CertificateDer::pem_slice_iter(&pem) {
+            certificate.map_err(|e| format!("not a PEM certificate file: {e}"))?;
+            count += 1;
+        }
+        if count == 0 {
+            return Err("no PEM certificate (-----BEGIN CERTIFICATE-----) in the file".into());
+        }
+        Ok(Self(pem.into()))
+    }
+
+    /// A file holding a PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub fn private_key(path: &Path) -> Result<Self, String> {
+        let pem = read(path)?;
+        // The parse error never quotes the key.
+        PrivateKeyDer::from_pem_slice(&pem).map_err(|_| "no PEM private key in the file")?;
+        Ok(Self(pem.into()))
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read: {e}"))
+}
+
+/// TLS from PEM files; mutual TLS when `client_ca` is set (clients must
+/// present a certificate it signed).
+#[derive(Clone, Debug)]
+pub struct TlsConfig {
+    pub cert: Pem,
+    pub key: Pem,
+    pub client_ca: Option<Pem>,
+}
+
+impl TlsConfig {
+    fn server_config(&self) -> ServerTlsConfig {
+        let config =
+            ServerTlsConfig::new().identity(Identity::from_pem(&*self.cert.0, &*self.key.0));
+        match &self.client_ca {
+            Some(ca) => config.client_ca_root(Certificate::from_pem(&*ca.0)),
+            None => config,
+        }
+    }
+
+    /// Builds the rustls configuration once, to refuse a bad one at startup
+    /// (a key that does not match the certificate, ...).
+    pub fn check(&self) -> Result<(), ServeError> {
+        Server::builder().tls_config(self.server_config())?;
+        Ok(())
+    }
+}
+
+/// The sockets a server serves: gRPC, and optionally the metrics port.
+#[derive(Debug)]
+pub struct Listeners {
+    pub grpc: TcpListener,
+    pub metrics: Option<TcpListener>,
+}
+
+impl From<TcpListener> for Listeners {
+    fn from(grpc: TcpListener) -> Self {
+        Self {
+            grpc,
+            metrics: None,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -32,25 +205,30 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("metrics: {0}")]
+    Metrics(#[from] metrics::MetricsError),
 }
 
-/// Serves on `listener` until `shutdown` resolves, then drains.
+/// Serves on `listeners` until `shutdown` resolves, then drains.
 pub async fn serve(
     config: ServerConfig,
-    listener: TcpListener,
+    listeners: impl Into<Listeners>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    serve_registry(Registry::new(config.registry), config, listener, shutdown).await
+    serve_registry(Registry::new(config.registry), config, listeners, shutdown).await
 }
 
 /// As [`serve`], over a registry the caller already holds (tests inspect it).
 pub async fn serve_registry(
     registry: Registry,
     config: ServerConfig,
-    listener: TcpListener,
+    listeners: impl Into<Listeners>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    let listeners = listeners.into();
     let stop = CancellationToken::new();
+    let readiness = Readiness::default();
+    readiness.set(true);
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<ResponseCoordinatorServer<CoordinatorService>>()
@@ -66,50 +244,147 @@ pub async fn serve_registry(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
+    let service = CoordinatorService::new(registry.clone(), config.watch, stop.clone());
+    let metrics = Arc::new(Metrics::new(
+        Sources {
+            registry: registry.clone(),
+            watches: service.watch_stats(),
+        },
+        config.otlp_metrics,
+    )?);
+
+    let limits = config.limits;
+    let coordinator = ResponseCoordinatorServer::new(service)
+        .max_decoding_message_size(limits.max_message_bytes)
+        .max_encoding_message_size(limits.max_message_bytes);
+    let coordinator = InterceptedService::new(coordinator, Authenticator::new(config.auth.clone()));
+    let in_flight = GlobalConcurrencyLimitLayer::new(limits.max_concurrent_calls);
+    let max_in_flight = limits.max_concurrent_calls;
+
+    let mut builder = Server::builder()
+        .timeout(limits.request_timeout)
+        .http2_keepalive_interval(limits.http2_keepalive_interval)
+        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
+        .max_concurrent_streams(limits.max_concurrent_streams);
+    if let Some(tls) = &config.tls {
+        builder = builder.tls_config(tls.server_config())?;
+    }
+
     let expiry = tokio::spawn({
         let registry = registry.clone();
         let stop = stop.clone();
         async move { registry.run_expiry(stop.cancelled_owned()).await }
     });
+    let port_stop = CancellationToken::new();
+    let port = listeners.metrics.map(|listener| {
+        tokio::spawn(metrics::serve_port(
+            listener,
+            Arc::clone(&metrics),
+            readiness.clone(),
+            port_stop.clone().cancelled_owned(),
+        ))
+    });
 
-    let service = CoordinatorService::new(registry, config.watch, stop.clone());
     let drain = CancellationToken::new();
-    let server = Server::builder()
+    let server = builder
+        .layer(ObserveLayer::new(metrics.rpc()))
         .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(ResponseCoordinatorServer::new(service))
+        .add_service(Guarded::new(reflection_v1, &in_flight, max_in_flight))
+        .add_service(Guarded::new(reflection_v1alpha, &in_flight, max_in_flight))
+        .add_service(Guarded::new(coordinator, &in_flight, max_in_flight))
         .serve_with_incoming_shutdown(
             // Without TCP_NODELAY a unary reply's trailing frames wait on
             // Nagle's algorithm (tens of milliseconds per call).
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
             drain.clone().cancelled_owned(),
         );
     tokio::pin!(server);
 
-    tokio::select! {
+    let result = tokio::select! {
         result = &mut server => {
             stop.cancel();
-            return result.map_err(Into::into);
+            result.map_err(Into::into)
         }
-        () = shutdown => {}
-    }
-    tracing::info!("shutting down: health NOT_SERVING, ending watches, draining calls");
-    health
-        .set_not_serving::<ResponseCoordinatorServer<CoordinatorService>>()
-        .await;
-    health
-        .set_service_status("", ServingStatus::NotServing)
-        .await;
-    stop.cancel();
-    drain.cancel();
-    let result = match tokio::time::timeout(config.shutdown_grace, &mut server).await {
-        Ok(result) => result.map_err(Into::into),
-        Err(_) => {
-            tracing::warn!(grace = ?config.shutdown_grace, "in-flight calls outlived the shutdown grace period");
-            Ok(())
+        () = shutdown => {
+            tracing::info!("shutting down: not ready, health NOT_SERVING, ending watches, draining calls");
+            readiness.set(false);
+            health
+                .set_not_serving::<ResponseCoordinatorServer<CoordinatorService>>()
+                .await;
+            health
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
+            stop.cancel();
+            drain.cancel();
+            match tokio::time::timeout(config.shutdown_grace, &mut server).await {
+                Ok(result) => result.map_err(Into::into),
+                Err(_) => {
+                    tracing::warn!(grace = ?config.shutdown_grace, "in-flight calls outlived the shutdown grace period");
+                    Ok(())
+                }
+            }
         }
     };
     let _ = expiry.await;
+    port_stop.cancel();
+    if let Some(port) = port {
+        match tokio::time::timeout(Duration::from_secs(5), port).await {
+            Ok(Ok(Err(error))) => tracing::warn!(%error, "metrics port"),
+            Err(_) => tracing::warn!("metrics port did not close in 5s"),
+            Ok(_) => {}
+        }
+    }
+    let _ = tokio::task::spawn_blocking(move || metrics.shutdown()).await;
     result
+}
+
+/// A routed service behind load shedding over a shared concurrency limit:
+/// when the limit is reached, the call is answered UNAVAILABLE immediately
+/// (`grpc::status`) instead of waiting for a slot.
+#[derive(Clone)]
+pub struct Guarded<S> {
+    inner: LoadShed<ConcurrencyLimit<S>>,
+    max_in_flight: usize,
+}
+
+impl<S> Guarded<S> {
+    fn new(service: S, limit: &GlobalConcurrencyLimitLayer, max_in_flight: usize) -> Self {
+        Self {
+            inner: LoadShed::new(limit.layer(service)),
+            max_in_flight,
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for Guarded<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<Request<Body>> for Guarded<S>
+where
+    S: Service<Request<Body>, Response = Response<B>, Error = Infallible>,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    B::Error: Into<tower::BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Load shedding is always ready; when the limit is reached the call
+        // itself fails with `Overloaded`, answered below.
+        self.inner.poll_ready(cx).map(|_| Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let call = self.inner.call(request);
+        let max_in_flight = self.max_in_flight;
+        Box::pin(async move {
+            Ok(match call.await {
+                Ok(response) => response.map(Body::new),
+                Err(error) => status::from_layer_error(error, max_in_flight).into_http(),
+            })
+        })
+    }
 }

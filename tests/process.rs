@@ -1,23 +1,32 @@
 //! The real `respcoord` binary: configuration from flags and `RESPCOORD_*`
-//! variables, idle expiry over the wire, SIGTERM draining (watches end with
-//! OK, exit status 0), and exit status 2 naming the flag on bad configuration.
+//! variables, idle expiry over the wire, SIGTERM draining (not ready and
+//! health NOT_SERVING first, watches end with OK, in-flight calls may
+//! finish, exit status 0), spans exported over OTLP with the caller's trace
+//! id, secrets kept out of the logs, and exit status 2 naming the flag on bad
+//! configuration.
 
 mod common;
 
 use std::{
-    net::TcpListener,
+    net::{SocketAddr, TcpListener},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use common::*;
 use respcoord::proto::v1 as pb;
+use tonic_health::pb::{
+    health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_respcoord");
 
 struct Process {
     child: Child,
     endpoint: String,
+    /// The metrics port: `/metrics`, `/healthz`, `/readyz`.
+    metrics: SocketAddr,
 }
 
 impl Drop for Process {
@@ -34,22 +43,45 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-async fn spawn(envs: &[(&str, &str)]) -> (Process, Client) {
+/// Starts `respcoord serve` with a metrics port, `args` and `envs`, and
+/// waits until it listens.
+fn spawn_with(args: &[&str], envs: &[(&str, &str)], stderr: Stdio) -> Process {
     let port = free_port();
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let mut command = Command::new(BIN);
     command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-listen", &metrics.to_string()])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(stderr);
     for (key, value) in envs {
         command.env(key, value);
     }
     let child = command.spawn().expect("spawn respcoord");
-    let process = Process {
+    let mut process = Process {
         child,
         endpoint: format!("http://127.0.0.1:{port}"),
+        metrics,
     };
+    // Both ports are bound before either serves.
+    let deadline = Instant::now() + PATIENCE;
+    while std::net::TcpStream::connect(metrics).is_err() {
+        if let Some(status) = process.child.try_wait().expect("wait") {
+            panic!("respcoord exited with {status} before listening");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "respcoord did not start listening"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    process
+}
+
+async fn spawn(envs: &[(&str, &str)]) -> (Process, Client) {
+    let process = spawn_with(&[], envs, Stdio::null());
     let deadline = Instant::now() + PATIENCE;
     loop {
         match pb::response_coordinator_client::ResponseCoordinatorClient::connect(
@@ -80,9 +112,50 @@ fn wait_exit(process: &mut Process) -> std::process::ExitStatus {
     }
 }
 
+fn sigterm(process: &Process) {
+    let pid = process.child.id().to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+}
+
+async fn next_health(
+    stream: &mut tonic::Streaming<tonic_health::pb::HealthCheckResponse>,
+) -> ServingStatus {
+    tokio::time::timeout(PATIENCE, stream.message())
+        .await
+        .expect("a health update in time")
+        .expect("health stream")
+        .expect("health stream still open")
+        .status()
+}
+
 #[tokio::test]
 async fn sigterm_ends_watches_cleanly_and_exits_zero() {
-    let (mut process, mut c) = spawn(&[]).await;
+    // A long grace period: the test, not the clock, decides when the last
+    // in-flight call ends.
+    let (mut process, mut c) = spawn(&[("RESPCOORD_SHUTDOWN_GRACE", "120s")]).await;
+    assert_eq!(http_get(process.metrics, "/readyz").await.0, 200);
+    // A health watch, as a load balancer's checker holds one; it is also the
+    // in-flight call the drain waits for.
+    let mut health = HealthClient::new(
+        tonic::transport::Channel::from_shared(process.endpoint.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let mut health_watch = health
+        .watch(HealthCheckRequest {
+            service: "respcoord.v1.ResponseCoordinator".into(),
+        })
+        .await
+        .expect("health watch")
+        .into_inner();
+    assert_eq!(next_health(&mut health_watch).await, ServingStatus::Serving);
+
     let mut session = watch_session(&mut c, "s", None).await;
     let mut all = watch_all(&mut c, Some(0)).await;
     let id = start(&mut c, "s").await.response_id;
@@ -92,22 +165,278 @@ async fn sigterm_ends_watches_cleanly_and_exits_zero() {
     );
     assert_eq!(next_events(&mut all, 1).await.len(), 1);
 
-    let pid = process.child.id().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("run kill");
-    assert!(killed.success());
+    sigterm(&process);
 
+    // Health goes NOT_SERVING and the coordinator's watches end with OK.
+    assert_eq!(
+        next_health(&mut health_watch).await,
+        ServingStatus::NotServing
+    );
     let (events, end) = drain(&mut session).await;
     assert!(events.is_empty());
     end.expect("the session watch ends with OK at shutdown");
     let (_, end) = drain(&mut all).await;
     end.expect("watch-all ends with OK at shutdown");
+    // While the health watch is still open the process drains: not ready,
+    // still alive, the metrics port still answering.
+    let (status, body) = http_get(process.metrics, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(http_get(process.metrics, "/healthz").await.0, 200);
+    assert!(
+        process.child.try_wait().expect("wait").is_none(),
+        "the process waits for its in-flight calls"
+    );
+    // The last in-flight call ends; the process exits 0.
+    drop(health_watch);
+    drop(health);
     let status = tokio::task::spawn_blocking(move || wait_exit(&mut process))
         .await
         .unwrap();
     assert_eq!(status.code(), Some(0), "exit status after SIGTERM");
+}
+
+#[tokio::test]
+async fn sigterm_exits_zero_when_the_grace_period_runs_out() {
+    let (mut process, _c) = spawn(&[("RESPCOORD_SHUTDOWN_GRACE", "1s")]).await;
+    let mut health = HealthClient::new(
+        tonic::transport::Channel::from_shared(process.endpoint.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let mut health_watch = health
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next_health(&mut health_watch).await, ServingStatus::Serving);
+    sigterm(&process);
+    assert_eq!(
+        next_health(&mut health_watch).await,
+        ServingStatus::NotServing
+    );
+    // The health watch is never closed by us: the grace period ends it.
+    let status = tokio::task::spawn_blocking(move || wait_exit(&mut process))
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+// ---- OTLP traces ----
+
+mod collector {
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        trace_service_server::{TraceService, TraceServiceServer},
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+    use tokio::sync::mpsc;
+
+    /// A minimal OTLP/gRPC trace receiver: hands every export to the test.
+    pub struct Collector(pub mpsc::UnboundedSender<ExportTraceServiceRequest>);
+
+    #[tonic::async_trait]
+    impl TraceService for Collector {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            let _ = self.0.send(request.into_inner());
+            Ok(tonic::Response::new(ExportTraceServiceResponse {
+                partial_success: None,
+            }))
+        }
+    }
+
+    pub async fn start() -> (
+        std::net::SocketAddr,
+        mpsc::UnboundedReceiver<ExportTraceServiceRequest>,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(Collector(tx)))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        (addr, rx)
+    }
+}
+
+#[tokio::test]
+async fn spans_reach_an_otlp_collector_with_the_callers_trace_id() {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    let (collector, mut exports) = collector::start().await;
+    let endpoint = format!("http://{collector}");
+    let (mut process, mut c) = spawn(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("OTEL_METRICS_EXPORTER", "none"),
+        ("OTEL_SERVICE_NAME", "respcoord-under-test"),
+    ])
+    .await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let mut request = tonic::Request::new(start_req("traced", pb::Source::Client, ""));
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{trace_id}-{parent}-01").parse().unwrap(),
+    );
+    let started = c.start(request).await.unwrap().into_inner();
+
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let (span, service_name) = loop {
+        let export = tokio::time::timeout_at(deadline, exports.recv())
+            .await
+            .expect("a span reaches the collector in time")
+            .expect("collector running");
+        let found = export.resource_spans.iter().find_map(|resource| {
+            let service = resource.resource.as_ref().and_then(|r| {
+                r.attributes
+                    .iter()
+                    .find(|a| a.key == "service.name")
+                    .and_then(|a| a.value.clone())
+            });
+            resource
+                .scope_spans
+                .iter()
+                .flat_map(|scope| &scope.spans)
+                .find(|span| hex(&span.trace_id) == trace_id)
+                .map(|span| (span.clone(), service))
+        });
+        if let Some(found) = found {
+            break found;
+        }
+    };
+    assert_eq!(span.name, "respcoord.v1.ResponseCoordinator/Start");
+    assert_eq!(
+        hex(&span.parent_span_id),
+        parent,
+        "parented on the caller's span"
+    );
+    assert_eq!(span.kind, 2, "SPAN_KIND_SERVER");
+    let attribute = |key: &str| {
+        span.attributes
+            .iter()
+            .find(|a| a.key == key)
+            .and_then(|a| a.value.as_ref())
+            .and_then(|v| v.value.clone())
+            .unwrap_or_else(|| panic!("span attribute {key}: {:?}", span.attributes))
+    };
+    assert_eq!(attribute("session_id"), Value::StringValue("traced".into()));
+    // A u64 travels as an int or (tracing-opentelemetry) as its decimal text.
+    match attribute("response_id") {
+        Value::IntValue(id) => assert_eq!(u64::try_from(id).ok(), Some(started.response_id)),
+        Value::StringValue(id) => assert_eq!(id, started.response_id.to_string()),
+        other => panic!("response_id: {other:?}"),
+    }
+    assert_eq!(attribute("outcome"), Value::StringValue("started".into()));
+    assert_eq!(
+        attribute("rpc.system.name"),
+        Value::StringValue("grpc".into())
+    );
+    assert_eq!(
+        attribute("rpc.response.status_code"),
+        Value::StringValue("OK".into())
+    );
+    assert_eq!(
+        service_name.and_then(|v| v.value),
+        Some(Value::StringValue("respcoord-under-test".into()))
+    );
+    sigterm(&process);
+    let status = tokio::task::spawn_blocking(move || wait_exit(&mut process))
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+// ---- secrets ----
+
+/// A scratch directory for this test process's files.
+fn scratch(name: &str, contents: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("respcoord-process-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+/// A self-signed certificate for `localhost`: (cert PEM, key PEM).
+fn self_signed() -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test]
+async fn tokens_and_private_keys_never_reach_the_logs() {
+    const TOKEN: &str = "very-secret-token-4f1d2a9c";
+    let (cert, key) = self_signed();
+    let tokens = scratch("log-tokens", &format!("{TOKEN} tenant-a/\n"));
+    let cert_file = scratch("log-cert.pem", &cert);
+    let key_file = scratch("log-key.pem", &key);
+    let log = scratch("log-stderr", "");
+    let mut process = spawn_with(
+        &[
+            "--auth-tokens",
+            tokens.to_str().unwrap(),
+            "--tls-cert",
+            cert_file.to_str().unwrap(),
+            "--tls-key",
+            key_file.to_str().unwrap(),
+        ],
+        // Everything at trace level, our crate and its dependencies alike.
+        &[("RESPCOORD_LOG", "trace")],
+        Stdio::from(std::fs::File::create(&log).unwrap()),
+    );
+    let channel =
+        tonic::transport::Endpoint::from_shared(process.endpoint.replace("http://", "https://"))
+            .unwrap()
+            .tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(&cert))
+                    .domain_name("localhost"),
+            )
+            .unwrap()
+            .connect()
+            .await
+            .expect("TLS connect");
+    let mut c = pb::response_coordinator_client::ResponseCoordinatorClient::new(channel);
+    for (session, token) in [
+        ("tenant-a/1", TOKEN),
+        ("tenant-b/1", TOKEN),
+        ("tenant-a/2", "wrong-token-but-long-enough"),
+    ] {
+        let mut request = tonic::Request::new(start_req(session, pb::Source::Client, ""));
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let _ = c.start(request).await;
+    }
+    sigterm(&process);
+    let status = tokio::task::spawn_blocking(move || wait_exit(&mut process))
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("respcoord.v1.ResponseCoordinator/Start"),
+        "the calls were logged: {logged}"
+    );
+    assert!(!logged.contains(TOKEN), "a token was logged");
+    assert!(
+        !logged.contains("wrong-token-but-long-enough"),
+        "a presented token was logged"
+    );
+    let key_body = key.lines().nth(1).expect("a PEM body line");
+    assert!(!logged.contains(key_body), "the private key was logged");
 }
 
 #[tokio::test]
@@ -150,26 +479,187 @@ async fn idle_sessions_expire_over_the_wire_with_ttls_from_the_environment() {
 
 #[test]
 fn bad_configuration_exits_2_naming_the_flag() {
-    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
-    let cases: [Case; 5] = [
-        (&["--session-idle-ttl", "0s"], &[], "--session-idle-ttl"),
-        (&["--tombstone-ttl", "soon"], &[], "--tombstone-ttl"),
-        (&["--max-sessions", "0"], &[], "--max-sessions"),
-        (&[], &[("RESPCOORD_MAX_SESSIONS", "lots")], "--max-sessions"),
-        (&["--listen", "not-an-address"], &[], "--listen"),
+    let (cert, key) = self_signed();
+    let (_, other_key) = self_signed();
+    let cert = scratch("bad-cert.pem", &cert);
+    let key = scratch("bad-key.pem", &key);
+    let other_key = scratch("bad-other-key.pem", &other_key);
+    let not_pem = scratch("bad-not-pem", "hello\n");
+    let short_token = scratch(
+        "bad-tokens",
+        "# a token that is too short\nshort-token tenant-a/\n",
+    );
+    let missing = "/nonexistent/respcoord/file";
+    let path = |p: &PathBuf| p.to_str().unwrap().to_owned();
+    /// Flags, environment, the flag the message must name.
+    type Case<'a> = (Vec<String>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            vec!["--session-idle-ttl".into(), "0s".into()],
+            vec![],
+            "--session-idle-ttl",
+        ),
+        (
+            vec!["--tombstone-ttl".into(), "soon".into()],
+            vec![],
+            "--tombstone-ttl",
+        ),
+        (
+            vec!["--max-sessions".into(), "0".into()],
+            vec![],
+            "--max-sessions",
+        ),
+        (
+            vec![],
+            vec![("RESPCOORD_MAX_SESSIONS", "lots")],
+            "--max-sessions",
+        ),
+        (
+            vec!["--listen".into(), "not-an-address".into()],
+            vec![],
+            "--listen",
+        ),
+        // The flags of this issue.
+        (
+            vec!["--metrics-listen".into(), "nowhere".into()],
+            vec![],
+            "--metrics-listen",
+        ),
+        (
+            vec!["--request-timeout".into(), "0s".into()],
+            vec![],
+            "--request-timeout",
+        ),
+        (
+            vec!["--max-concurrent-calls".into(), "0".into()],
+            vec![],
+            "--max-concurrent-calls",
+        ),
+        (
+            vec!["--max-message-size".into(), "10".into()],
+            vec![],
+            "--max-message-size",
+        ),
+        (
+            vec![],
+            vec![("RESPCOORD_MAX_WATCHERS", "lots")],
+            "--max-watchers",
+        ),
+        (
+            vec!["--max-concurrent-streams".into(), "0".into()],
+            vec![],
+            "--max-concurrent-streams",
+        ),
+        (
+            vec!["--http2-keepalive-interval".into(), "never".into()],
+            vec![],
+            "--http2-keepalive-interval",
+        ),
+        (
+            vec!["--auth-tokens".into(), missing.into()],
+            vec![],
+            "--auth-tokens",
+        ),
+        (
+            vec!["--auth-tokens".into(), path(&short_token)],
+            vec![],
+            "--auth-tokens",
+        ),
+        (
+            vec![],
+            vec![("RESPCOORD_AUTH_TOKENS", missing)],
+            "--auth-tokens",
+        ),
+        (vec!["--tls-cert".into(), path(&cert)], vec![], "--tls-key"),
+        (vec!["--tls-key".into(), path(&key)], vec![], "--tls-cert"),
+        (
+            vec![
+                "--tls-cert".into(),
+                missing.into(),
+                "--tls-key".into(),
+                path(&key),
+            ],
+            vec![],
+            "--tls-cert",
+        ),
+        (
+            vec![
+                "--tls-cert".into(),
+                path(&not_pem),
+                "--tls-key".into(),
+                path(&key),
+            ],
+            vec![],
+            "--tls-cert",
+        ),
+        (
+            vec![
+                "--tls-cert".into(),
+                path(&cert),
+                "--tls-key".into(),
+                path(&not_pem),
+            ],
+            vec![],
+            "--tls-key",
+        ),
+        (
+            vec![
+                "--tls-cert".into(),
+                path(&cert),
+                "--tls-key".into(),
+                path(&other_key),
+            ],
+            vec![],
+            "--tls-key",
+        ),
+        (
+            vec!["--tls-client-ca".into(), path(&cert)],
+            vec![],
+            "--tls-cert",
+        ),
+        (
+            vec![
+                "--tls-cert".into(),
+                path(&cert),
+                "--tls-key".into(),
+                path(&key),
+                "--tls-client-ca".into(),
+                path(&not_pem),
+            ],
+            vec![],
+            "--tls-client-ca",
+        ),
     ];
     for (args, envs, flag) in cases {
         let mut command = Command::new(BIN);
-        command.arg("serve").args(args);
-        for (key, value) in envs {
+        command
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (key, value) in &envs {
             command.env(key, value);
         }
-        let output = command.output().expect("run respcoord");
+        let mut child = command.spawn().expect("run respcoord");
+        let deadline = Instant::now() + PATIENCE;
+        while child.try_wait().expect("wait").is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{args:?} {envs:?}: respcoord started instead of refusing");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let output = child.wait_with_output().expect("output");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?} {envs:?}: {stderr}");
         assert!(
             stderr.contains(flag),
             "{args:?} {envs:?}: message must name {flag}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("short-token"),
+            "a token was printed: {stderr}"
         );
     }
 }

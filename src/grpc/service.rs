@@ -1,16 +1,29 @@
-//! The `ResponseCoordinator` service: validate, call the registry, translate.
+//! The `ResponseCoordinator` service: validate, authorize, call the
+//! registry, translate.
+//!
+//! Order of refusals on every call: authentication (the interceptor in front,
+//! UNAUTHENTICATED), validation (INVALID_ARGUMENT naming the field), the
+//! caller's session scope (PERMISSION_DENIED), then the registry's answer.
+//! Each call records `session_id`, `response_id` and `outcome` on its RPC
+//! span (`grpc::observe`).
+
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use tracing::{Instrument, Span};
 
 use crate::{
+    auth::{authorize, caller_scope},
+    error::CoordError,
     grpc::{
         convert::{self, WatchTarget},
-        watch::{self, WatchItem},
+        watch::{self, WatchItem, WatchKind, WatchStats},
     },
-    ids::response_id_or_zero,
+    ids::{response_id_or_zero, SessionId},
+    machine::Phase,
     proto::v1::{self as pb, response_coordinator_server::ResponseCoordinator},
     registry::Registry,
 };
@@ -22,6 +35,7 @@ pub struct CoordinatorService {
     watch: WatchSettings,
     /// Cancelled at shutdown: every open watch ends cleanly.
     shutdown: CancellationToken,
+    watches: Arc<WatchStats>,
 }
 
 impl CoordinatorService {
@@ -30,7 +44,37 @@ impl CoordinatorService {
             registry,
             watch,
             shutdown,
+            watches: Arc::default(),
         }
+    }
+
+    /// Open watches and lag endings, for the metrics.
+    pub fn watch_stats(&self) -> Arc<WatchStats> {
+        Arc::clone(&self.watches)
+    }
+}
+
+/// Checks the call's (validated) session id against the caller's scope and
+/// records it on the RPC span.
+fn authorized<T>(request: &Request<T>, session_id: &SessionId) -> Result<(), Status> {
+    authorize(&caller_scope(request), session_id)?;
+    Span::current().record("session_id", session_id.as_str());
+    Ok(())
+}
+
+fn record(outcome: &'static str, response_id: u64) {
+    let span = Span::current();
+    span.record("outcome", outcome);
+    if response_id != 0 {
+        span.record("response_id", response_id);
+    }
+}
+
+fn phase_name(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Idle => "idle",
+        Phase::Active(_) => "active",
+        Phase::Terminated => "terminated",
     }
 }
 
@@ -41,9 +85,16 @@ impl ResponseCoordinator for CoordinatorService {
         request: Request<pb::StartRequest>,
     ) -> Result<Response<pb::StartResponse>, Status> {
         let args = convert::start(request.get_ref())?;
+        authorized(&request, &args.session_id)?;
         let started = self
             .registry
             .start(&args.session_id, args.source, args.request_id)?;
+        let outcome = match (started.replayed, started.superseded) {
+            (true, _) => "replayed",
+            (false, Some(_)) => "superseded",
+            (false, None) => "started",
+        };
+        record(outcome, started.response.get());
         tracing::debug!(session_id = %args.session_id, response_id = %started.response, replayed = started.replayed, "start");
         Ok(Response::new(pb::StartResponse {
             response_id: started.response.get(),
@@ -58,9 +109,14 @@ impl ResponseCoordinator for CoordinatorService {
         request: Request<pb::FinishRequest>,
     ) -> Result<Response<pb::FinishResponse>, Status> {
         let args = convert::finish(request.get_ref())?;
+        authorized(&request, &args.session_id)?;
         let finished = self
             .registry
             .finish(&args.session_id, args.response, args.status)?;
+        record(
+            if finished.result { "applied" } else { "stale" },
+            response_id_or_zero(args.response),
+        );
         Ok(Response::new(pb::FinishResponse {
             applied: finished.result,
             state: Some(convert::state(&finished.state)),
@@ -72,7 +128,16 @@ impl ResponseCoordinator for CoordinatorService {
         request: Request<pb::CancelRequest>,
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let args = convert::cancel(request.get_ref())?;
+        authorized(&request, &args.session_id)?;
         let cancelled = self.registry.cancel(&args.session_id, args.only_if)?;
+        record(
+            if cancelled.result.is_some() {
+                "cancelled"
+            } else {
+                "nothing_to_cancel"
+            },
+            response_id_or_zero(cancelled.result),
+        );
         Ok(Response::new(pb::CancelResponse {
             cancelled_response_id: response_id_or_zero(cancelled.result),
             state: Some(convert::state(&cancelled.state)),
@@ -84,7 +149,9 @@ impl ResponseCoordinator for CoordinatorService {
         request: Request<pb::ShutdownRequest>,
     ) -> Result<Response<pb::ShutdownResponse>, Status> {
         let session_id = convert::session_id(&request.get_ref().session_id)?;
+        authorized(&request, &session_id)?;
         let shut = self.registry.shutdown(&session_id)?;
+        record("terminated", response_id_or_zero(shut.result));
         Ok(Response::new(pb::ShutdownResponse {
             cancelled_response_id: response_id_or_zero(shut.result),
             state: Some(convert::state(&shut.state)),
@@ -96,7 +163,12 @@ impl ResponseCoordinator for CoordinatorService {
         request: Request<pb::GetStateRequest>,
     ) -> Result<Response<pb::GetStateResponse>, Status> {
         let session_id = convert::session_id(&request.get_ref().session_id)?;
+        authorized(&request, &session_id)?;
         let state = self.registry.state(&session_id)?;
+        record(
+            phase_name(state.phase),
+            response_id_or_zero(state.phase.active().map(|a| a.id)),
+        );
         Ok(Response::new(pb::GetStateResponse {
             state: Some(convert::state(&state)),
         }))
@@ -107,7 +179,10 @@ impl ResponseCoordinator for CoordinatorService {
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let args = convert::list(request.get_ref())?;
-        let page = self.registry.list(args.page_size, args.cursor)?;
+        let page =
+            self.registry
+                .list_scoped(&caller_scope(&request), args.page_size, args.cursor)?;
+        record("listed", 0);
         Ok(Response::new(pb::ListSessionsResponse {
             sessions: page.sessions.iter().map(convert::state).collect(),
             next_page_token: page.next.map(|c| c.encode()).unwrap_or_default(),
@@ -121,22 +196,37 @@ impl ResponseCoordinator for CoordinatorService {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let target = convert::watch(request.get_ref())?;
+        let scope = caller_scope(&request);
+        let kind = match &target {
+            WatchTarget::Session { session_id, .. } => {
+                authorize(&scope, session_id)?;
+                Span::current().record("session_id", session_id.as_str());
+                WatchKind::Session
+            }
+            WatchTarget::All { .. } => WatchKind::All,
+        };
+        let max = self.watch.max_watchers;
+        let slot = self
+            .watches
+            .try_open(kind, max)
+            .ok_or(CoordError::WatcherLimit { max })?;
         // Subscribe before answering: once the caller has the stream, every
         // later event is on it.
-        let subscription = match convert::watch(request.get_ref())? {
+        let subscription = match target {
             WatchTarget::Session {
                 session_id,
                 after_revision,
             } => self.registry.watch_session(&session_id, after_revision)?,
-            WatchTarget::All { after_seq } => self.registry.watch_all(after_seq)?,
+            WatchTarget::All { after_seq } => self.registry.watch_all_scoped(&scope, after_seq)?,
         };
         let (tx, rx) = mpsc::channel(self.watch.stream_buffer.max(1));
-        tokio::spawn(watch::pump(
-            subscription,
-            tx,
-            self.watch,
-            self.shutdown.clone(),
-        ));
+        // The pump runs in the RPC's span: the span lasts as long as the
+        // stream, and records how it ended.
+        tokio::spawn(
+            watch::pump_counted(subscription, tx, self.watch, self.shutdown.clone(), slot)
+                .instrument(Span::current()),
+        );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

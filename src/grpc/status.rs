@@ -1,15 +1,18 @@
-//! Every domain error's gRPC status code, decided here and nowhere else.
+//! Every gRPC status code the server answers with, decided here and nowhere
+//! else: domain errors, authentication, and the server's own limits.
 
 use tonic::{Code, Status};
 
-use crate::error::CoordError;
+use crate::{auth::AuthError, error::CoordError};
 
 pub fn code(error: &CoordError) -> Code {
     match error {
         CoordError::InvalidArgument { .. } => Code::InvalidArgument,
         CoordError::SessionNotFound(_) => Code::NotFound,
         CoordError::SessionTerminated(_) => Code::FailedPrecondition,
-        CoordError::SessionLimit { .. } | CoordError::WatcherLagged(_) => Code::ResourceExhausted,
+        CoordError::SessionLimit { .. }
+        | CoordError::WatcherLagged(_)
+        | CoordError::WatcherLimit { .. } => Code::ResourceExhausted,
         CoordError::HistoryUnavailable { .. } => Code::OutOfRange,
     }
 }
@@ -17,5 +20,74 @@ pub fn code(error: &CoordError) -> Code {
 impl From<CoordError> for Status {
     fn from(error: CoordError) -> Self {
         Status::new(code(&error), error.to_string())
+    }
+}
+
+/// Missing or unknown credentials are UNAUTHENTICATED (who are you?); a
+/// known caller acting outside its scope is PERMISSION_DENIED.
+pub fn auth_code(error: &AuthError) -> Code {
+    match error {
+        AuthError::Missing | AuthError::Malformed | AuthError::Unknown => Code::Unauthenticated,
+        AuthError::OutOfScope { .. } => Code::PermissionDenied,
+    }
+}
+
+impl From<AuthError> for Status {
+    fn from(error: AuthError) -> Self {
+        Status::new(auth_code(&error), error.to_string())
+    }
+}
+
+/// An error raised by the server's tower layers rather than by a handler.
+/// Load shedding answers UNAVAILABLE at once (retry with backoff, ideally on
+/// another replica) instead of queueing the call.
+pub fn from_layer_error(error: tower::BoxError, max_in_flight: usize) -> Status {
+    if error.is::<tower::load_shed::error::Overloaded>() {
+        return Status::unavailable(format!(
+            "overloaded: {max_in_flight} calls already in flight; retry with backoff"
+        ));
+    }
+    match error.downcast::<Status>() {
+        Ok(status) => *status,
+        Err(error) => Status::from_error(error),
+    }
+}
+
+/// Whether a server span for a call ending with `code` is an error (the
+/// OpenTelemetry gRPC conventions: the server's own failures, not the
+/// caller's mistakes).
+pub fn is_server_error(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unknown
+            | Code::DeadlineExceeded
+            | Code::Unimplemented
+            | Code::Internal
+            | Code::Unavailable
+            | Code::DataLoss
+    )
+}
+
+/// The status code's canonical name (`OK`, `INVALID_ARGUMENT`, ...), as
+/// metrics and spans label it.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }

@@ -4,7 +4,13 @@
 //! or at server shutdown, and ending with RESOURCE_EXHAUSTED when the watcher
 //! fell behind.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -26,6 +32,8 @@ pub struct WatchSettings {
     pub max_batch: usize,
     /// WatchResponses buffered per stream before the watcher counts as slow.
     pub stream_buffer: usize,
+    /// Most watches open at once; beyond it Watch is RESOURCE_EXHAUSTED.
+    pub max_watchers: usize,
 }
 
 impl Default for WatchSettings {
@@ -34,11 +42,77 @@ impl Default for WatchSettings {
             bookmark_interval: Duration::from_secs(10),
             max_batch: 256,
             stream_buffer: 16,
+            max_watchers: 10_000,
         }
     }
 }
 
 pub type WatchItem = Result<pb::WatchResponse, Status>;
+
+/// What a watch covers, for counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchKind {
+    Session,
+    All,
+}
+
+impl WatchKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchKind::Session => "session",
+            WatchKind::All => "all",
+        }
+    }
+}
+
+/// Open watches and how many were ended for falling behind, shared by the
+/// service (which enforces the watcher limit) and the metrics.
+#[derive(Debug, Default)]
+pub struct WatchStats {
+    open: AtomicUsize,
+    open_by_kind: [AtomicU64; 2],
+    lagged_by_kind: [AtomicU64; 2],
+}
+
+impl WatchStats {
+    /// A slot for one more watch, unless `max` are open.
+    pub fn try_open(self: &Arc<Self>, kind: WatchKind, max: usize) -> Option<WatchSlot> {
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < max).then_some(open + 1)
+            })
+            .ok()?;
+        self.open_by_kind[kind as usize].fetch_add(1, Ordering::Relaxed);
+        Some(WatchSlot {
+            stats: Arc::clone(self),
+            kind,
+        })
+    }
+
+    /// Watches open now.
+    pub fn open(&self, kind: WatchKind) -> u64 {
+        self.open_by_kind[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Watches ended with RESOURCE_EXHAUSTED for falling behind, since boot.
+    pub fn lagged(&self, kind: WatchKind) -> u64 {
+        self.lagged_by_kind[kind as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// One open watch; the count drops when it does.
+#[derive(Debug)]
+pub struct WatchSlot {
+    stats: Arc<WatchStats>,
+    kind: WatchKind,
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        self.stats.open_by_kind[self.kind as usize].fetch_sub(1, Ordering::Relaxed);
+        self.stats.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 fn events_message(events: &[SharedEvent]) -> pb::WatchResponse {
     pb::WatchResponse {
@@ -69,19 +143,50 @@ fn from_delivery(delivery: Result<Delivery, crate::events::Lagged>) -> Step {
 }
 
 /// Runs until the watch ends; dropping `tx` at the end closes the stream
-/// with OK unless an error status was sent first.
+/// with OK unless an error status was sent first. Records how it ended as
+/// the current (RPC) span's `outcome`.
 pub async fn pump(
-    mut subscription: Subscription,
+    subscription: Subscription,
     tx: mpsc::Sender<WatchItem>,
     settings: WatchSettings,
     shutdown: CancellationToken,
 ) {
+    let ended = deliver(subscription, &tx, settings, &shutdown).await;
+    tracing::Span::current().record("outcome", ended);
+}
+
+/// As [`pump`], holding the watch's slot (the open-watch count) until the
+/// watch ends and counting a lag ending.
+pub async fn pump_counted(
+    subscription: Subscription,
+    tx: mpsc::Sender<WatchItem>,
+    settings: WatchSettings,
+    shutdown: CancellationToken,
+    slot: WatchSlot,
+) {
+    let ended = deliver(subscription, &tx, settings, &shutdown).await;
+    if ended == LAGGED {
+        slot.stats.lagged_by_kind[slot.kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+    tracing::Span::current().record("outcome", ended);
+    drop(slot);
+}
+
+const LAGGED: &str = "lagged";
+
+/// The delivery loop; returns how the watch ended.
+async fn deliver(
+    mut subscription: Subscription,
+    tx: &mpsc::Sender<WatchItem>,
+    settings: WatchSettings,
+    shutdown: &CancellationToken,
+) -> &'static str {
     let mut quiet_until = Instant::now() + settings.bookmark_interval;
     loop {
         let step = tokio::select! {
             biased;
-            () = shutdown.cancelled() => Step::Stop,
-            () = tx.closed() => Step::Stop,
+            () = shutdown.cancelled() => return "server_shutdown",
+            () = tx.closed() => return "client_left",
             delivery = subscription.next(settings.max_batch) => from_delivery(delivery),
             () = tokio::time::sleep_until(quiet_until) => match subscription.bookmark(settings.max_batch) {
                 Ok(Bookmark::Progress(progress_seq)) => Step::Send {
@@ -97,11 +202,14 @@ pub async fn pump(
             Step::Send { message, last } => {
                 let sent = tokio::select! {
                     biased;
-                    () = shutdown.cancelled() => false,
+                    () = shutdown.cancelled() => return "server_shutdown",
                     sent = tx.send(Ok(message)) => sent.is_ok(),
                 };
-                if !sent || last {
-                    return;
+                if !sent {
+                    return "client_left";
+                }
+                if last {
+                    return "session_terminated";
                 }
                 quiet_until = Instant::now() + settings.bookmark_interval;
             }
@@ -109,9 +217,9 @@ pub async fn pump(
             Step::Fail(status) => {
                 tracing::info!(code = ?status.code(), message = status.message(), "watch ended");
                 let _ = tx.send(Err(status)).await;
-                return;
+                return LAGGED;
             }
-            Step::Stop => return,
+            Step::Stop => return "ended",
         }
     }
 }

@@ -24,6 +24,8 @@ pub const PATIENCE: Duration = Duration::from_secs(20);
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The metrics port (`/metrics`, `/healthz`, `/readyz`).
+    pub metrics_addr: SocketAddr,
     pub registry: Registry,
     stop: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<Result<(), server::ServeError>>>,
@@ -35,14 +37,28 @@ impl TestServer {
     }
 
     pub async fn with(registry: RegistryConfig, watch: WatchSettings) -> Self {
+        Self::with_config(ServerConfig {
+            registry,
+            watch,
+            shutdown_grace: Duration::from_secs(5),
+            ..ServerConfig::default()
+        })
+        .await
+    }
+
+    /// A server with every knob given, and a metrics port.
+    pub async fn with_config(config: ServerConfig) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
-        let config = ServerConfig {
-            registry,
-            watch,
-            shutdown_grace: Duration::from_secs(5),
+        let metrics = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let metrics_addr = metrics.local_addr().expect("local addr");
+        let listener = server::Listeners {
+            grpc: listener,
+            metrics: Some(metrics),
         };
         let registry = Registry::new(config.registry);
         let (stop, stopped) = oneshot::channel::<()>();
@@ -56,6 +72,7 @@ impl TestServer {
         ));
         Self {
             addr,
+            metrics_addr,
             registry,
             stop: Some(stop),
             handle: Some(handle),
@@ -91,6 +108,49 @@ impl TestServer {
             result.expect("server exits cleanly");
         }
     }
+}
+
+/// A plain HTTP/1.1 GET (the metrics port): status code and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::time::timeout(PATIENCE, tokio::net::TcpStream::connect(addr))
+        .await
+        .expect("connect in time")
+        .expect("connect to the metrics port");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response))
+        .await
+        .expect("response in time")
+        .expect("read response");
+    let response = String::from_utf8(response).expect("UTF-8 response");
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_owned());
+    (status, body)
+}
+
+/// The value of the Prometheus sample `name{labels..}` whose labels include
+/// every `(label, value)` given; `None` if no such sample.
+pub fn sample(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape.lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?;
+        let (label_text, value) = match rest.strip_prefix('{') {
+            Some(rest) => rest.split_once("} ")?,
+            None => ("", rest.strip_prefix(' ')?),
+        };
+        labels
+            .iter()
+            .all(|(label, value)| label_text.contains(&format!("{label}=\"{value}\"")))
+            .then(|| value.trim().parse().ok())
+            .flatten()
+    })
 }
 
 // ---- requests ----

@@ -1,0 +1,333 @@
+//! Metrics: OpenTelemetry instruments, read by Prometheus on the metrics port
+//! (`/metrics`, next to `/healthz` and `/readyz`) and pushed over OTLP when
+//! the standard variables configure it (see `telemetry`).
+//!
+//! Everything is recorded through the OpenTelemetry metrics API. The
+//! Prometheus side is `opentelemetry-prometheus` (the OpenTelemetry project's
+//! pull exporter, released in step with the SDK) rendering into a
+//! `prometheus` registry that `/metrics` encodes as text. Each server has
+//! its own meter provider, so several servers in one process (tests) never
+//! share a series.
+//!
+//! The call path only records one histogram sample per RPC. Everything else
+//! is observed when a reader collects: the registry's per-shard counters
+//! ([`crate::stats`]) and the watch counters, summed at scrape time.
+//!
+//! The series, with their Prometheus names (the README lists them too):
+//!
+//! | OpenTelemetry name | Prometheus | labels |
+//! |---|---|---|
+//! | `rpc.server.call.duration` (histogram, s) | `rpc_server_call_duration_seconds_{bucket,sum,count}` | `rpc_system_name`, `rpc_method`, `rpc_response_status_code` |
+//! | `respcoord.transitions` | `respcoord_transitions_total` | `kind` |
+//! | `respcoord.sessions` | `respcoord_sessions` | `phase` |
+//! | `respcoord.events` | `respcoord_events_total` | `kind` |
+//! | `respcoord.watchers` | `respcoord_watchers` | `scope` |
+//! | `respcoord.watchers.lagged` | `respcoord_watchers_lagged_total` | `scope` |
+//! | `respcoord.sessions.expired` | `respcoord_sessions_expired_total` | |
+//! | `respcoord.request_id.replays` | `respcoord_request_id_replays_total` | |
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Router};
+use opentelemetry::{
+    metrics::{Histogram, Meter, MeterProvider as _},
+    KeyValue,
+};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use tokio::net::TcpListener;
+
+use crate::{
+    grpc::watch::{WatchKind, WatchStats},
+    registry::Registry,
+    stats::{TransitionKind, EVENT_KINDS},
+};
+
+/// Histogram buckets for call durations, in seconds: coordinator calls take
+/// microseconds, so the low end is fine-grained; Watch streams land high.
+const DURATION_BUCKETS: [f64; 17] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 10.0, 60.0,
+];
+
+/// What the observed instruments read.
+#[derive(Clone)]
+pub struct Sources {
+    pub registry: Registry,
+    pub watches: Arc<WatchStats>,
+}
+
+/// Why the metrics pipeline could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("Prometheus exporter: {0}")]
+    Prometheus(#[from] opentelemetry_sdk::error::OTelSdkError),
+    #[error("OTEL_EXPORTER_OTLP_*: {0}")]
+    Otlp(#[from] opentelemetry_otlp::ExporterBuildError),
+}
+
+/// The per-RPC instrument, handed to the observation layer.
+#[derive(Clone, Debug)]
+pub struct RpcMetrics {
+    duration: Histogram<f64>,
+}
+
+impl RpcMetrics {
+    /// One finished call. `method` is `package.Service/Method` (or `_OTHER`
+    /// for methods the server does not have), `code` the status code's name.
+    pub fn record_call(&self, method: &str, code: &'static str, elapsed: Duration) {
+        self.duration.record(
+            elapsed.as_secs_f64(),
+            &[
+                KeyValue::new("rpc.system.name", "grpc"),
+                KeyValue::new("rpc.method", method.to_owned()),
+                KeyValue::new("rpc.response.status_code", code),
+            ],
+        );
+    }
+}
+
+/// One server's metrics pipeline.
+pub struct Metrics {
+    provider: SdkMeterProvider,
+    prometheus: prometheus::Registry,
+    rpc: RpcMetrics,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// Builds the instruments over `sources`; with `otlp`, also pushes them
+    /// every `OTEL_METRIC_EXPORT_INTERVAL` (default 60 s) over OTLP/gRPC
+    /// (build it inside the tokio runtime).
+    pub fn new(sources: Sources, otlp: bool) -> Result<Self, MetricsError> {
+        let prometheus = prometheus::Registry::new();
+        let exporter = opentelemetry_prometheus::exporter()
+            .with_registry(prometheus.clone())
+            .scope_info_enabled(false)
+            .build()?;
+        let mut builder = SdkMeterProvider::builder()
+            .with_reader(exporter)
+            .with_resource(crate::telemetry::resource());
+        if otlp {
+            let exporter = opentelemetry_otlp::MetricExporter::builder()
+                .with_tonic()
+                .build()?;
+            builder = builder.with_periodic_exporter(exporter);
+        }
+        let provider = builder.build();
+        let meter = provider.meter("respcoord");
+        let rpc = RpcMetrics {
+            duration: meter
+                .f64_histogram("rpc.server.call.duration")
+                .with_unit("s")
+                .with_description(
+                    "Duration of incoming gRPC calls (for Watch, the whole stream), \
+                     by method and status code",
+                )
+                .with_boundaries(DURATION_BUCKETS.to_vec())
+                .build(),
+        };
+        observe(&meter, sources);
+        Ok(Self {
+            provider,
+            prometheus,
+            rpc,
+        })
+    }
+
+    pub fn rpc(&self) -> RpcMetrics {
+        self.rpc.clone()
+    }
+
+    /// The Prometheus text exposition of every series.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Err(error) =
+            prometheus::TextEncoder::new().encode_utf8(&self.prometheus.gather(), &mut out)
+        {
+            tracing::warn!(%error, "rendering metrics");
+        }
+        out
+    }
+
+    /// Pushes the last OTLP export, if any. Blocks while it does: call it
+    /// from a blocking thread.
+    pub fn shutdown(&self) {
+        if let Err(error) = self.provider.shutdown() {
+            tracing::debug!(%error, "metrics shutdown");
+        }
+    }
+}
+
+/// Registers the instruments read at collection time. The meter provider
+/// keeps their callbacks for its lifetime.
+fn observe(meter: &Meter, sources: Sources) {
+    let registry = sources.registry.clone();
+    meter
+        .u64_observable_counter("respcoord.transitions")
+        .with_unit("{transition}")
+        .with_description("Session state changes applied, by kind")
+        .with_callback(move |observer| {
+            let stats = registry.stats();
+            for kind in TransitionKind::ALL {
+                observer.observe(
+                    stats.transitions_of(kind),
+                    &[KeyValue::new("kind", kind.as_str())],
+                );
+            }
+        })
+        .build();
+
+    let registry = sources.registry.clone();
+    meter
+        .i64_observable_up_down_counter("respcoord.sessions")
+        .with_unit("{session}")
+        .with_description("Sessions held, by phase (terminated ones are tombstones)")
+        .with_callback(move |observer| {
+            let sessions = registry.stats().sessions;
+            let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            for (phase, n) in [
+                ("idle", sessions.idle),
+                ("active", sessions.active),
+                ("terminated", sessions.terminated),
+            ] {
+                observer.observe(count(n), &[KeyValue::new("phase", phase)]);
+            }
+        })
+        .build();
+
+    let registry = sources.registry.clone();
+    meter
+        .u64_observable_counter("respcoord.events")
+        .with_unit("{event}")
+        .with_description("Lifecycle events emitted, by kind")
+        .with_callback(move |observer| {
+            let stats = registry.stats();
+            for (kind, n) in EVENT_KINDS.into_iter().zip(stats.events) {
+                observer.observe(n, &[KeyValue::new("kind", kind)]);
+            }
+        })
+        .build();
+
+    let registry = sources.registry.clone();
+    meter
+        .u64_observable_counter("respcoord.sessions.expired")
+        .with_unit("{session}")
+        .with_description("Sessions shut down for idleness (reason EXPIRED)")
+        .with_callback(move |observer| observer.observe(registry.stats().expiries(), &[]))
+        .build();
+
+    let registry = sources.registry;
+    meter
+        .u64_observable_counter("respcoord.request_id.replays")
+        .with_unit("{call}")
+        .with_description("Start calls answered from the request_id replay window")
+        .with_callback(move |observer| observer.observe(registry.stats().replays, &[]))
+        .build();
+
+    let watches = Arc::clone(&sources.watches);
+    meter
+        .i64_observable_up_down_counter("respcoord.watchers")
+        .with_unit("{watcher}")
+        .with_description("Open Watch streams, by scope (one session or all)")
+        .with_callback(move |observer| {
+            for kind in [WatchKind::Session, WatchKind::All] {
+                observer.observe(
+                    i64::try_from(watches.open(kind)).unwrap_or(i64::MAX),
+                    &[KeyValue::new("scope", kind.as_str())],
+                );
+            }
+        })
+        .build();
+
+    let watches = sources.watches;
+    meter
+        .u64_observable_counter("respcoord.watchers.lagged")
+        .with_unit("{watcher}")
+        .with_description("Watches ended with RESOURCE_EXHAUSTED for falling behind, by scope")
+        .with_callback(move |observer| {
+            for kind in [WatchKind::Session, WatchKind::All] {
+                observer.observe(
+                    watches.lagged(kind),
+                    &[KeyValue::new("scope", kind.as_str())],
+                );
+            }
+        })
+        .build();
+}
+
+/// Whether the server takes new calls: true from start until shutdown
+/// begins. `/readyz` answers from it.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Release);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+#[derive(Clone)]
+struct Port {
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+}
+
+/// The metrics port's routes: `/metrics` (Prometheus text), `/healthz`
+/// (200 while the process runs: liveness), `/readyz` (200 while serving,
+/// 503 once shutdown began: readiness). No authentication: bind it where
+/// only the scraper and the kubelet reach it.
+pub fn router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
+    Router::new()
+        .route("/metrics", get(scrape))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(Port { metrics, readiness })
+}
+
+async fn scrape(State(port): State<Port>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        port.metrics.render(),
+    )
+}
+
+async fn ready(State(port): State<Port>) -> impl IntoResponse {
+    if port.readiness.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n")
+    }
+}
+
+/// Serves [`router`] on `listener` until `stop` resolves.
+pub async fn serve_port(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::debug!(?addr, "metrics port serving /metrics, /healthz, /readyz");
+    axum::serve(listener, router(metrics, readiness))
+        .with_graceful_shutdown(stop)
+        .await
+}
