@@ -1,8 +1,8 @@
 //! The real `respcoord` binary: configuration from flags and `RESPCOORD_*`
 //! variables, idle expiry over the wire, SIGTERM draining (not ready and
 //! health NOT_SERVING first, watches end with OK, in-flight calls may
-//! finish, exit status 0), spans exported over OTLP with the caller's trace
-//! id, secrets kept out of the logs, and exit status 2 naming the flag on bad
+//! finish, exit status 0), spans (and metrics) exported over OTLP with the
+//! caller's trace id, secrets kept out of the logs, and exit status 2 naming the flag on bad
 //! configuration.
 
 mod common;
@@ -228,14 +228,44 @@ async fn sigterm_exits_zero_when_the_grace_period_runs_out() {
 // ---- OTLP traces ----
 
 mod collector {
-    use opentelemetry_proto::tonic::collector::trace::v1::{
-        trace_service_server::{TraceService, TraceServiceServer},
-        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    use opentelemetry_proto::tonic::collector::{
+        metrics::v1::{
+            metrics_service_server::{MetricsService, MetricsServiceServer},
+            ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+        },
+        trace::v1::{
+            trace_service_server::{TraceService, TraceServiceServer},
+            ExportTraceServiceRequest, ExportTraceServiceResponse,
+        },
     };
     use tokio::sync::mpsc;
 
-    /// A minimal OTLP/gRPC trace receiver: hands every export to the test.
+    /// A minimal OTLP/gRPC receiver: hands every trace export to the test,
+    /// and the metric names of every metrics export.
     pub struct Collector(pub mpsc::UnboundedSender<ExportTraceServiceRequest>);
+
+    pub struct MetricNames(pub mpsc::UnboundedSender<Vec<String>>);
+
+    #[tonic::async_trait]
+    impl MetricsService for MetricNames {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportMetricsServiceRequest>,
+        ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+            let names = request
+                .into_inner()
+                .resource_metrics
+                .iter()
+                .flat_map(|r| &r.scope_metrics)
+                .flat_map(|s| &s.metrics)
+                .map(|m| m.name.clone())
+                .collect();
+            let _ = self.0.send(names);
+            Ok(tonic::Response::new(ExportMetricsServiceResponse {
+                partial_success: None,
+            }))
+        }
+    }
 
     #[tonic::async_trait]
     impl TraceService for Collector {
@@ -253,28 +283,31 @@ mod collector {
     pub async fn start() -> (
         std::net::SocketAddr,
         mpsc::UnboundedReceiver<ExportTraceServiceRequest>,
+        mpsc::UnboundedReceiver<Vec<String>>,
     ) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = mpsc::unbounded_channel();
+        let (metrics_tx, metrics_rx) = mpsc::unbounded_channel();
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(TraceServiceServer::new(Collector(tx)))
+                .add_service(MetricsServiceServer::new(MetricNames(metrics_tx)))
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
         );
-        (addr, rx)
+        (addr, rx, metrics_rx)
     }
 }
 
 #[tokio::test]
 async fn spans_reach_an_otlp_collector_with_the_callers_trace_id() {
     use opentelemetry_proto::tonic::common::v1::any_value::Value;
-    let (collector, mut exports) = collector::start().await;
+    let (collector, mut exports, mut metric_exports) = collector::start().await;
     let endpoint = format!("http://{collector}");
     let (mut process, mut c) = spawn(&[
         ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ("OTEL_METRICS_EXPORTER", "none"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
         ("OTEL_SERVICE_NAME", "respcoord-under-test"),
     ])
     .await;
@@ -347,6 +380,21 @@ async fn spans_reach_an_otlp_collector_with_the_callers_trace_id() {
         service_name.and_then(|v| v.value),
         Some(Value::StringValue("respcoord-under-test".into()))
     );
+    // The same instruments are pushed over OTLP too.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let names = tokio::time::timeout_at(deadline, metric_exports.recv())
+            .await
+            .expect("metrics reach the collector in time")
+            .expect("collector running");
+        if names.iter().any(|n| n == "rpc.server.call.duration") {
+            assert!(
+                names.iter().any(|n| n == "respcoord.transitions"),
+                "{names:?}"
+            );
+            break;
+        }
+    }
     sigterm(&process);
     let status = tokio::task::spawn_blocking(move || wait_exit(&mut process))
         .await
