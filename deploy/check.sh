@@ -9,6 +9,8 @@
 #      ServiceMonitor against the Prometheus Operator's CRD models, and the
 #      deployment rules of deploy/README.md (one pod + Recreate for memory,
 #      probes, security context, grace period, selectors and ports, ...);
+#   4. deploy/check_dashboard.py checks that the Grafana dashboard is valid
+#      JSON and queries only metrics the service exports.
 #
 # The tools come from PyPI at the versions pinned in
 # deploy/check-requirements.txt, in a venv under target/deploy-check/ that is
@@ -44,7 +46,7 @@ if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
       exit 1
     fi
   fi
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-input \
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-input --no-compile \
     --requirement "$requirements"
   echo "$stamp" >"$venv/.stamp"
 fi
@@ -65,6 +67,11 @@ done
 
 # 3. Schemas and deployment rules.
 "$bin/python" deploy/check_manifests.py "$K8S_VERSIONS" "${renders[@]}"
+
+# 4. The dashboard: valid JSON, and only metrics the README's "Metrics"
+#    section (or src/metrics.rs's series table) lists. tests/deploy_dashboard.rs
+#    checks the same names against a running server's /metrics.
+"$bin/python" deploy/check_dashboard.py deploy/grafana/respcoord.json README.md src/metrics.rs
 
 echo "deploy/check.sh: all checks passed in $((SECONDS - started))s" \
   "(kubectl $("$bin/kubectl" version --client -o json | "$bin/python" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'))"

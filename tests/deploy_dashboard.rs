@@ -1,0 +1,324 @@
+//! The Grafana dashboard (`deploy/grafana/respcoord.json`) queries only
+//! series the service really exports: the real binary is started with a
+//! metrics port, driven through every kind of call, and every metric name in
+//! the dashboard's PromQL must appear in its `/metrics`. (deploy/check.sh
+//! checks the same names against the documented list.)
+
+use std::{
+    collections::BTreeSet,
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use respcoord::proto::v1 as pb;
+use tokio_stream::StreamExt;
+
+const BIN: &str = env!("CARGO_BIN_EXE_respcoord");
+const DASHBOARD: &str = include_str!("../deploy/grafana/respcoord.json");
+const PATIENCE: Duration = Duration::from_secs(20);
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// `GET path` over HTTP/1.0 on the metrics port: (status line, body).
+fn http_get(port: u16, path: &str) -> std::io::Result<(String, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    Ok((status, body.to_owned()))
+}
+
+/// Series names in a Prometheus text exposition (`_bucket`, `_sum`,
+/// `_count` included, as PromQL names them).
+fn exposition_names(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The JSON string values of every `"expr"` (panel query) and
+/// `"definition"` (query variable) key in the dashboard (a scan, not a JSON parser: the file is pretty-printed by
+/// us, and deploy/check.sh parses it as JSON).
+fn queries(json: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for key in ["\"expr\":", "\"definition\":"] {
+        let mut rest = json;
+        while let Some(at) = rest.find(key) {
+            rest = rest[at + key.len()..].trim_start();
+            if let Some(body) = rest.strip_prefix('"') {
+                let mut value = String::new();
+                let mut chars = body.chars();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        '\\' => match chars.next() {
+                            Some('n') => value.push('\n'),
+                            Some('t') => value.push('\t'),
+                            Some(other) => value.push(other),
+                            None => break,
+                        },
+                        c => value.push(c),
+                    }
+                }
+                out.push(value);
+            }
+        }
+    }
+    out
+}
+
+/// Metric names in a PromQL expression (or Grafana's `label_values(m, l)`):
+/// identifiers outside strings, label matchers, ranges and grouping clauses
+/// that are not functions, keywords or Grafana variables.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    const KEYWORDS: [&str; 8] = [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "offset",
+    ];
+    const OPERATORS: [&str; 3] = ["and", "or", "unless"];
+    let chars: Vec<char> = expr.chars().collect();
+    let mut names = BTreeSet::new();
+    let mut i = 0;
+    let mut skip_group = false;
+    let mut in_label_values = false;
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '"' | '\'' | '`' => {
+                i += 1;
+                while i < chars.len() && chars[i] != c {
+                    i += if chars[i] == '\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            '{' | '[' => {
+                let close = if c == '{' { '}' } else { ']' };
+                while i < chars.len() && chars[i] != close {
+                    i += 1;
+                }
+                i += 1;
+            }
+            '$' => {
+                i += 1;
+                while i < chars.len() && (chars[i].is_alphanumeric() || "_{}:".contains(chars[i])) {
+                    i += 1;
+                }
+            }
+            '(' if skip_group => {
+                while i < chars.len() && chars[i] != ')' {
+                    i += 1;
+                }
+                skip_group = false;
+                i += 1;
+            }
+            ',' if in_label_values => {
+                // label_values(metric, label): skip the label.
+                in_label_values = false;
+                i += 1;
+                while i < chars.len() && chars[i] != ')' {
+                    i += 1;
+                }
+            }
+            c if c.is_ascii_alphabetic() || c == '_' || c == ':' => {
+                let start = i;
+                while i < chars.len()
+                    && (chars[i].is_ascii_alphanumeric() || "_:".contains(chars[i]))
+                {
+                    i += 1;
+                }
+                let word: String = chars[start..i].iter().collect();
+                let preceded_by_number =
+                    start > 0 && (chars[start - 1].is_ascii_digit() || chars[start - 1] == '.');
+                let rest: String = chars[i..].iter().collect();
+                let rest = rest.trim_start();
+                // `sum by (l) (...)`: an aggregation, like `sum(...)`.
+                let grouped = ["by", "without"].iter().any(|k| {
+                    rest.strip_prefix(k).is_some_and(|after| {
+                        after.starts_with(|c: char| c.is_whitespace() || c == '(')
+                    })
+                });
+                let next = if grouped {
+                    Some('(')
+                } else {
+                    rest.chars().next()
+                };
+                if preceded_by_number {
+                    continue;
+                }
+                if KEYWORDS.contains(&word.as_str()) {
+                    skip_group = word != "bool" && word != "offset";
+                } else if next == Some('(') {
+                    if word == "label_values" {
+                        in_label_values = true;
+                    }
+                } else if !OPERATORS.contains(&word.to_lowercase().as_str()) {
+                    names.insert(word);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    names
+}
+
+#[test]
+fn the_promql_scanner_finds_metric_names_only() {
+    let names = metric_names(
+        r#"histogram_quantile(0.99, sum by (le, rpc_method) (rate(a_bucket{rpc_method=~"x.+", pod=~"$pod"}[$__rate_interval]))) / clamp_min(sum(b_total offset 5m), 1e-9) and on(pod) c"#,
+    );
+    assert_eq!(names, ["a_bucket", "b_total", "c"].map(String::from).into());
+    assert_eq!(
+        metric_names(r#"label_values(respcoord_sessions{namespace="$namespace"}, pod)"#),
+        ["respcoord_sessions".to_owned()].into()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_dashboard_queries_is_exported() {
+    let (grpc, metrics) = (free_port(), free_port());
+    let child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{grpc}"),
+            "--metrics-listen",
+            &format!("127.0.0.1:{metrics}"),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn respcoord");
+    let _process = Process(child);
+
+    let deadline = Instant::now() + PATIENCE;
+    let mut client = loop {
+        match pb::response_coordinator_client::ResponseCoordinatorClient::connect(format!(
+            "http://127.0.0.1:{grpc}"
+        ))
+        .await
+        {
+            Ok(client) => break client,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(error) => panic!("respcoord did not start listening: {error}"),
+        }
+    };
+
+    // Every kind of call, including failing ones, and a watch.
+    let mut watch = client
+        .watch(pb::WatchRequest {
+            session_id: "dash-1".into(),
+            after_revision: Some(0),
+            ..Default::default()
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let started = client
+        .start(pb::StartRequest {
+            session_id: "dash-1".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("start")
+        .into_inner();
+    client
+        .finish(pb::FinishRequest {
+            session_id: "dash-1".into(),
+            response_id: started.response_id,
+            ..Default::default()
+        })
+        .await
+        .expect("finish");
+    client
+        .cancel(pb::CancelRequest {
+            session_id: "dash-1".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("cancel");
+    let _ = client
+        .get_state(pb::GetStateRequest {
+            session_id: "no-such-session".into(),
+        })
+        .await
+        .expect_err("NOT_FOUND");
+    client
+        .list_sessions(pb::ListSessionsRequest::default())
+        .await
+        .expect("list");
+    client
+        .shutdown(pb::ShutdownRequest {
+            session_id: "dash-1".into(),
+        })
+        .await
+        .expect("shutdown");
+    // The session watch ends after `terminated`.
+    while let Some(item) = tokio::time::timeout(PATIENCE, watch.next())
+        .await
+        .expect("watch ends")
+    {
+        item.expect("watch item");
+    }
+
+    let exported = loop {
+        match http_get(metrics, "/metrics") {
+            Ok((status, body)) if status.contains(" 200") => break exposition_names(&body),
+            result if Instant::now() < deadline => {
+                let _ = result;
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            result => panic!("GET /metrics: {result:?}"),
+        }
+    };
+
+    let queries = queries(DASHBOARD);
+    assert!(
+        queries.len() >= 10,
+        "the dashboard has {} queries",
+        queries.len()
+    );
+    let used: BTreeSet<String> = queries.iter().flat_map(|q| metric_names(q)).collect();
+    let missing: Vec<&String> = used.difference(&exported).collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard queries {missing:?}, which /metrics does not export; it exports {exported:?}"
+    );
+    // Every series the service has is on the dashboard (the histogram's
+    // _sum is charted through the mean latency panel).
+    let uncharted: Vec<&String> = exported
+        .iter()
+        .filter(|name| name.starts_with("respcoord_") || name.starts_with("rpc_server_"))
+        .filter(|name| !used.contains(*name))
+        .collect();
+    assert!(uncharted.is_empty(), "not on the dashboard: {uncharted:?}");
+}
