@@ -30,8 +30,16 @@
 //! - [`telemetry`] — logging; OTLP trace export and W3C trace context.
 //! - [`error`] — the typed errors every layer shares.
 //! - [`proto`] — generated wire types.
+//!
+//! Client (feature `client`; the server build does without it):
+//! - `client` — the gateway library: connection (TLS, token), per-session
+//!   handles, responses with a cancellation token and a fence, `run`, one
+//!   shared resumable watch per client, retries with request ids. The
+//!   `respcoordctl` binary (src/bin) is built on it.
 
 pub mod auth;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod events;

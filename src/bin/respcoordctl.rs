@@ -1,0 +1,654 @@
+//! `respcoordctl`: the operator's command line for respcoord, in the spirit
+//! of etcdctl and kubectl. Readable lines by default, `--output json` for
+//! scripts (one JSON document per command; one object per line for `watch`).
+//!
+//! Exit codes (also in `--help`):
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | ok (including no-op answers: Finish `applied=false`, Cancel of nothing) |
+//! | 1 | transport failure, coordinator unavailable, deadline exceeded, internal error |
+//! | 2 | usage: bad flags or arguments, INVALID_ARGUMENT, unreadable TLS/token files |
+//! | 3 | NOT_FOUND: no such session |
+//! | 4 | FAILED_PRECONDITION: the session is terminated |
+//! | 5 | RESOURCE_EXHAUSTED: session limit, or the watch fell behind |
+//! | 6 | OUT_OF_RANGE: the watch's resume point is no longer retained |
+//! | 7 | UNAUTHENTICATED or PERMISSION_DENIED |
+
+use std::{
+    io::{self, Write},
+    process::ExitCode,
+    time::{Duration, UNIX_EPOCH},
+};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use respcoord::{
+    client::{new_request_id, short_name, Client, ClientError, ConnectArgs, Source},
+    proto::v1::{self as pb, lifecycle_event::Kind},
+};
+use serde::Serialize;
+use tonic::Code;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  ok (also no-op answers: finish applied=false, cancel of nothing)
+  1  transport failure, unavailable, deadline exceeded, internal error
+  2  usage: bad flags or arguments, INVALID_ARGUMENT, unreadable TLS/token files
+  3  NOT_FOUND: no such session
+  4  FAILED_PRECONDITION: the session is terminated
+  5  RESOURCE_EXHAUSTED: session limit, or the watch fell behind
+  6  OUT_OF_RANGE: the watch's resume point is no longer retained
+  7  UNAUTHENTICATED or PERMISSION_DENIED
+
+Every flag has an environment variable (RESPCOORDCTL_ENDPOINT, ...); the
+bearer token comes from --token-file or RESPCOORDCTL_TOKEN.";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "respcoordctl",
+    version,
+    about = "Inspect and drive a respcoord response coordinator",
+    after_help = EXIT_CODES
+)]
+struct Cli {
+    #[command(flatten)]
+    connect: ConnectArgs,
+
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Text,
+          env = "RESPCOORDCTL_OUTPUT", global = true)]
+    output: Output,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum SourceArg {
+    Client,
+    Vad,
+    Unspecified,
+}
+
+impl From<SourceArg> for Source {
+    fn from(source: SourceArg) -> Self {
+        match source {
+            SourceArg::Client => Source::Client,
+            SourceArg::Vad => Source::Vad,
+            SourceArg::Unspecified => Source::Unspecified,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StatusArg {
+    Completed,
+    Failed,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show one session's state.
+    Get { session: String },
+    /// List every session (all pages).
+    List {
+        /// Sessions per ListSessions call (at most 1000).
+        #[arg(long, default_value_t = 1000)]
+        page_size: u32,
+        /// Stop after this many sessions.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Stream events of one session, or of every session without SESSION.
+    /// A session watch ends when the session terminates.
+    Watch {
+        session: Option<String>,
+        /// Session watch: replay retained events after this revision first.
+        #[arg(long, conflicts_with_all = ["after_seq", "from_start"])]
+        after_revision: Option<u64>,
+        /// Watch-all: replay retained events after this seq first.
+        #[arg(long, conflicts_with = "from_start")]
+        after_seq: Option<u64>,
+        /// Replay from the first retained event (revision/seq 0).
+        #[arg(long)]
+        from_start: bool,
+        /// Also print bookmarks (progress_seq heartbeats).
+        #[arg(long)]
+        bookmarks: bool,
+        /// Exit after this many events.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Start a response (superseding the live one).
+    Start {
+        session: String,
+        #[arg(long, value_enum, default_value_t = SourceArg::Client)]
+        source: SourceArg,
+        /// Idempotency key; repeating it replays instead of starting again
+        /// (default: a fresh one, printed).
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Report a response's terminal.
+    Finish {
+        session: String,
+        response_id: u64,
+        #[arg(long, value_enum, default_value_t = StatusArg::Completed)]
+        status: StatusArg,
+    },
+    /// Cancel the live response (or only --if-response-id).
+    Cancel {
+        session: String,
+        #[arg(long)]
+        if_response_id: Option<u64>,
+        #[arg(long, value_enum, default_value_t = SourceArg::Client)]
+        source: SourceArg,
+    },
+    /// Tear a session down (idempotent); later Starts are refused.
+    Shutdown { session: String },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("respcoordctl: cannot start the async runtime: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Client(error)) => {
+            eprintln!("respcoordctl: {error}");
+            ExitCode::from(exit_code(error.code()))
+        }
+        // stdout went away (`| head`): nothing left to say.
+        Err(Failure::Output(error)) if error.kind() == io::ErrorKind::BrokenPipe => {
+            ExitCode::SUCCESS
+        }
+        Err(Failure::Output(error)) => {
+            eprintln!("respcoordctl: writing output: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The documented exit code of a gRPC code.
+fn exit_code(code: Code) -> u8 {
+    match code {
+        Code::Ok => 0,
+        Code::InvalidArgument => 2,
+        Code::NotFound => 3,
+        Code::FailedPrecondition => 4,
+        Code::ResourceExhausted => 5,
+        Code::OutOfRange => 6,
+        Code::Unauthenticated | Code::PermissionDenied => 7,
+        _ => 1,
+    }
+}
+
+enum Failure {
+    Client(ClientError),
+    Output(io::Error),
+}
+
+impl From<ClientError> for Failure {
+    fn from(error: ClientError) -> Self {
+        Failure::Client(error)
+    }
+}
+
+impl From<tonic::Status> for Failure {
+    fn from(status: tonic::Status) -> Self {
+        Failure::Client(status.into())
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(error: io::Error) -> Self {
+        Failure::Output(error)
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let options = cli.connect.options()?;
+    let client = Client::connect(options).await?;
+    let out = Printer(cli.output);
+    match cli.command {
+        Command::Get { session } => {
+            let state = client.get_state(&session).await?;
+            out.state(&state)?;
+        }
+        Command::List { page_size, limit } => list(&client, &out, page_size, limit).await?,
+        Command::Watch {
+            session,
+            after_revision,
+            after_seq,
+            from_start,
+            bookmarks,
+            limit,
+        } => {
+            let mut request = pb::WatchRequest {
+                session_id: session.unwrap_or_default(),
+                after_revision,
+                after_seq,
+            };
+            if from_start {
+                if request.session_id.is_empty() {
+                    request.after_seq = Some(0);
+                } else {
+                    request.after_revision = Some(0);
+                }
+            }
+            watch(&client, &out, request, bookmarks, limit).await?;
+        }
+        Command::Start {
+            session,
+            source,
+            request_id,
+        } => {
+            let request_id = request_id.unwrap_or_else(new_request_id);
+            let reply = client
+                .start_call(&session, source.into(), Some(&request_id))
+                .await?;
+            out.started(&reply, &request_id)?;
+        }
+        Command::Finish {
+            session,
+            response_id,
+            status,
+        } => {
+            let status = match status {
+                StatusArg::Completed => pb::TerminalStatus::Completed,
+                StatusArg::Failed => pb::TerminalStatus::Failed,
+            };
+            let (reply, _) = client.finish_call(&session, response_id, status).await?;
+            out.finished(&reply, response_id)?;
+        }
+        Command::Cancel {
+            session,
+            if_response_id,
+            source,
+        } => {
+            let reply = client
+                .cancel_call(&session, source.into(), if_response_id)
+                .await?;
+            out.cancelled("cancel", reply.cancelled_response_id, reply.state.as_ref())?;
+        }
+        Command::Shutdown { session } => {
+            let reply = client.shutdown_call(&session).await?;
+            out.cancelled(
+                "shutdown",
+                reply.cancelled_response_id,
+                reply.state.as_ref(),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+async fn list(
+    client: &Client,
+    out: &Printer,
+    page_size: u32,
+    limit: Option<usize>,
+) -> Result<(), Failure> {
+    let limit = limit.unwrap_or(usize::MAX);
+    let mut sessions = Vec::new();
+    let mut seq = None;
+    let mut token = String::new();
+    loop {
+        let page = client.list_page(page_size, token).await?;
+        seq.get_or_insert(page.seq);
+        for state in page.sessions {
+            if sessions.len() == limit {
+                break;
+            }
+            if out.0 == Output::Text {
+                out.state(&state)?;
+            }
+            sessions.push(state);
+        }
+        if page.next_page_token.is_empty() || sessions.len() == limit {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    if out.0 == Output::Json {
+        out.json(&ListOut {
+            seq: seq.unwrap_or_default(),
+            sessions: sessions.iter().map(StateOut::from).collect(),
+        })?;
+    }
+    Ok(())
+}
+
+async fn watch(
+    client: &Client,
+    out: &Printer,
+    request: pb::WatchRequest,
+    bookmarks: bool,
+    limit: Option<usize>,
+) -> Result<(), Failure> {
+    let mut stream = client.raw().watch(request).await?.into_inner();
+    let mut left = limit.unwrap_or(usize::MAX);
+    if left == 0 {
+        return Ok(());
+    }
+    while let Some(message) = stream.message().await? {
+        if message.events.is_empty() {
+            if bookmarks {
+                out.bookmark(message.progress_seq)?;
+            }
+            continue;
+        }
+        for event in &message.events {
+            out.event(event)?;
+            left -= 1;
+            if left == 0 {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---- output ----
+
+#[derive(Serialize)]
+struct StateOut {
+    session_id: String,
+    phase: String,
+    active_response_id: u64,
+    active_source: String,
+    revision: u64,
+    responses_started: u64,
+}
+
+impl From<&pb::SessionState> for StateOut {
+    fn from(state: &pb::SessionState) -> Self {
+        Self {
+            session_id: state.session_id.clone(),
+            phase: short_name(state.phase().as_str_name()),
+            active_response_id: state.active_response_id,
+            active_source: short_name(state.active_source().as_str_name()),
+            revision: state.revision,
+            responses_started: state.responses_started,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ListOut {
+    /// Every event with seq <= this is reflected (resume a watch-all here).
+    seq: u64,
+    sessions: Vec<StateOut>,
+}
+
+#[derive(Serialize)]
+struct StartOut<'a> {
+    response_id: u64,
+    superseded_response_id: u64,
+    replayed: bool,
+    request_id: &'a str,
+    state: StateOut,
+}
+
+#[derive(Serialize)]
+struct FinishOut {
+    response_id: u64,
+    applied: bool,
+    state: StateOut,
+}
+
+#[derive(Serialize)]
+struct CancelOut {
+    cancelled_response_id: u64,
+    state: StateOut,
+}
+
+#[derive(Serialize)]
+struct EventOut<'a> {
+    session_id: &'a str,
+    revision: u64,
+    seq: u64,
+    unix_nanos: i64,
+    event: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_id: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+}
+
+impl<'a> From<&'a pb::LifecycleEvent> for EventOut<'a> {
+    fn from(event: &'a pb::LifecycleEvent) -> Self {
+        let mut out = EventOut {
+            session_id: &event.session_id,
+            revision: event.revision,
+            seq: event.seq,
+            unix_nanos: event.unix_nanos,
+            event: "unknown",
+            response_id: None,
+            source: None,
+            status: None,
+            reason: None,
+        };
+        match &event.kind {
+            Some(Kind::Started(s)) => {
+                out.event = "started";
+                out.response_id = Some(s.response_id);
+                out.source = Some(short_name(s.source().as_str_name()));
+            }
+            Some(Kind::CancelRequested(c)) => {
+                out.event = "cancel_requested";
+                out.response_id = Some(c.response_id);
+                out.reason = Some(short_name(c.reason().as_str_name()));
+            }
+            Some(Kind::Ended(e)) => {
+                out.event = "ended";
+                out.response_id = Some(e.response_id);
+                out.status = Some(short_name(e.status().as_str_name()));
+                if e.reason() != pb::CancelReason::Unspecified {
+                    out.reason = Some(short_name(e.reason().as_str_name()));
+                }
+            }
+            Some(Kind::Terminated(t)) => {
+                out.event = "terminated";
+                out.reason = Some(short_name(t.reason().as_str_name()));
+            }
+            None => {}
+        }
+        out
+    }
+}
+
+#[derive(Serialize)]
+struct BookmarkOut {
+    progress_seq: u64,
+}
+
+struct Printer(Output);
+
+impl Printer {
+    fn line(&self, line: &str) -> io::Result<()> {
+        let mut stdout = io::stdout().lock();
+        writeln!(stdout, "{line}")?;
+        stdout.flush()
+    }
+
+    fn json<T: Serialize>(&self, value: &T) -> io::Result<()> {
+        let line = serde_json::to_string(value).map_err(io::Error::other)?;
+        self.line(&line)
+    }
+
+    fn state(&self, state: &pb::SessionState) -> io::Result<()> {
+        match self.0 {
+            Output::Json => self.json(&StateOut::from(state)),
+            Output::Text => self.line(&state_text(state)),
+        }
+    }
+
+    fn started(&self, reply: &pb::StartResponse, request_id: &str) -> io::Result<()> {
+        let state = reply.state.clone().unwrap_or_default();
+        match self.0 {
+            Output::Json => self.json(&StartOut {
+                response_id: reply.response_id,
+                superseded_response_id: reply.superseded_response_id,
+                replayed: reply.replayed,
+                request_id,
+                state: StateOut::from(&state),
+            }),
+            Output::Text => {
+                let mut line = format!(
+                    "started response {} on {} (request_id {request_id}",
+                    reply.response_id, state.session_id
+                );
+                if reply.superseded_response_id != 0 {
+                    line += &format!(", superseded {}", reply.superseded_response_id);
+                }
+                if reply.replayed {
+                    line += ", replayed: nothing changed";
+                }
+                line.push(')');
+                self.line(&line)?;
+                self.line(&state_text(&state))
+            }
+        }
+    }
+
+    fn finished(&self, reply: &pb::FinishResponse, response_id: u64) -> io::Result<()> {
+        let state = reply.state.clone().unwrap_or_default();
+        match self.0 {
+            Output::Json => self.json(&FinishOut {
+                response_id,
+                applied: reply.applied,
+                state: StateOut::from(&state),
+            }),
+            Output::Text => {
+                self.line(&if reply.applied {
+                    format!("finished response {response_id}")
+                } else {
+                    format!("response {response_id} is not active: nothing changed (stale)")
+                })?;
+                self.line(&state_text(&state))
+            }
+        }
+    }
+
+    fn cancelled(
+        &self,
+        what: &str,
+        cancelled: u64,
+        state: Option<&pb::SessionState>,
+    ) -> io::Result<()> {
+        let state = state.cloned().unwrap_or_default();
+        match self.0 {
+            Output::Json => self.json(&CancelOut {
+                cancelled_response_id: cancelled,
+                state: StateOut::from(&state),
+            }),
+            Output::Text => {
+                self.line(&match (what, cancelled) {
+                    ("shutdown", 0) => format!("shut down {} (no live response)", state.session_id),
+                    ("shutdown", id) => {
+                        format!("shut down {}, cancelled response {id}", state.session_id)
+                    }
+                    (_, 0) => "nothing cancelled".to_owned(),
+                    (_, id) => format!("cancelled response {id}"),
+                })?;
+                self.line(&state_text(&state))
+            }
+        }
+    }
+
+    fn event(&self, event: &pb::LifecycleEvent) -> io::Result<()> {
+        let out = EventOut::from(event);
+        match self.0 {
+            Output::Json => self.json(&out),
+            Output::Text => {
+                let nanos = u64::try_from(event.unix_nanos).unwrap_or(0);
+                let time =
+                    humantime::format_rfc3339_micros(UNIX_EPOCH + Duration::from_nanos(nanos));
+                let mut line = format!(
+                    "{time} seq={} {} rev={} {}",
+                    out.seq, out.session_id, out.revision, out.event
+                );
+                if let Some(id) = out.response_id {
+                    line += &format!(" response={id}");
+                }
+                for (key, value) in [
+                    ("source", &out.source),
+                    ("status", &out.status),
+                    ("reason", &out.reason),
+                ] {
+                    if let Some(value) = value {
+                        line += &format!(" {key}={value}");
+                    }
+                }
+                self.line(&line)
+            }
+        }
+    }
+
+    fn bookmark(&self, progress_seq: u64) -> io::Result<()> {
+        match self.0 {
+            Output::Json => self.json(&BookmarkOut { progress_seq }),
+            Output::Text => self.line(&format!("bookmark progress_seq={progress_seq}")),
+        }
+    }
+}
+
+fn state_text(state: &pb::SessionState) -> String {
+    let mut line = format!(
+        "{} {} revision={} responses_started={}",
+        state.session_id,
+        short_name(state.phase().as_str_name()),
+        state.revision,
+        state.responses_started
+    );
+    if state.phase() == pb::Phase::Active {
+        line += &format!(
+            " response={} source={}",
+            state.active_response_id,
+            short_name(state.active_source().as_str_name())
+        );
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_are_the_documented_ones() {
+        assert_eq!(exit_code(Code::Unavailable), 1);
+        assert_eq!(exit_code(Code::DeadlineExceeded), 1);
+        assert_eq!(exit_code(Code::InvalidArgument), 2);
+        assert_eq!(exit_code(Code::NotFound), 3);
+        assert_eq!(exit_code(Code::FailedPrecondition), 4);
+        assert_eq!(exit_code(Code::ResourceExhausted), 5);
+        assert_eq!(exit_code(Code::OutOfRange), 6);
+        assert_eq!(exit_code(Code::Unauthenticated), 7);
+    }
+
+    #[test]
+    fn cli_parses() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,445 @@
+//! A gateway's client for respcoord: run responses safely across processes.
+//!
+//! Built only with the `client` feature; the server never needs it. It turns
+//! the wire contract's rules for gateways ("Gateways' side of the bargain" in
+//! the contract) into types, so a gateway author does not re-derive them:
+//!
+//! - [`Client`] holds the connection (plaintext or TLS, an optional bearer
+//!   token on every call) and **one** shared watch-all stream that delivers
+//!   every cancellation and supersession for the sessions it tracks. The
+//!   stream resumes with `after_seq` after a reconnect and re-lists
+//!   (ListSessions) when the server answers OUT_OF_RANGE.
+//! - [`Session`] is a per-session handle; holding it makes the client track
+//!   the session's events.
+//! - [`Session::start`] returns a [`Response`]: it knows its id, is stopped
+//!   (a [`CancellationToken`] fires, [`Response::stopped`] resolves) when the
+//!   coordinator cancels or supersedes it, from ANY gateway, and has a cheap
+//!   synchronous fence check ([`Response::is_current`], or a cloneable
+//!   [`Fence`]) for the output path to call before every chunk.
+//! - [`Session::run`] is the whole pattern: start, run the body with a token,
+//!   drop the body the moment the coordinator stops the response, report
+//!   Finish exactly once when the body ends by itself, never when it was
+//!   stopped.
+//! - Every Start carries a request id (generated unless given), so a retry
+//!   after a lost reply is answered as a replay and never supersedes its own
+//!   response; retries back off with jitter and honour a deadline
+//!   ([`RetryPolicy`]).
+//!
+//! The patterns and the guarantee each gives are in `docs/client.md`.
+//!
+//! # Layout
+//! - `connect` — endpoint, TLS, token ([`ConnectOptions`], [`ConnectArgs`]).
+//! - `retry` — backoff with jitter under a deadline ([`RetryPolicy`]).
+//! - `watcher` — the shared watch: per-session fencing state, resume, re-list.
+//! - `response` — [`Session`], [`Response`], [`Fence`], [`Session::run`].
+
+mod connect;
+mod response;
+mod retry;
+mod watcher;
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::sync::OnceCell;
+pub use tokio_util::sync::CancellationToken;
+use tonic::{transport::Channel, Code, Request, Status};
+
+pub use crate::proto::v1::{Phase, SessionState, Source, TerminalStatus};
+use crate::{
+    ids::SessionId,
+    proto::v1::{self as pb, response_coordinator_client::ResponseCoordinatorClient},
+};
+pub use connect::{Auth, ConnectArgs, ConnectOptions, RawClient, TlsOptions};
+pub use response::{
+    Fence, Finished, Response, ResponseCtx, RunOutcome, Session, StartOptions, StopReason, Terminal,
+};
+pub use retry::RetryPolicy;
+pub use watcher::WatchStatus;
+
+/// What went wrong with a call.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Refused locally before anything was sent (the server would refuse it
+    /// too, with INVALID_ARGUMENT).
+    #[error("{field}: {reason}")]
+    InvalidArgument { field: &'static str, reason: String },
+    /// Bad connection settings: endpoint, TLS files, token file.
+    #[error("{0}")]
+    Config(String),
+    /// The channel could not be set up or connected.
+    #[error("cannot connect: {}", chain(.0))]
+    Connect(#[from] tonic::transport::Error),
+    /// The server (or the transport, as UNAVAILABLE/DEADLINE_EXCEEDED after
+    /// the retries ran out) answered with this status.
+    #[error("{}", status_text(.0))]
+    Status(#[from] Status),
+}
+
+impl ClientError {
+    /// The gRPC code, where there is one. Local refusals count as
+    /// INVALID_ARGUMENT; a channel that never connected as UNAVAILABLE.
+    pub fn code(&self) -> Code {
+        match self {
+            ClientError::InvalidArgument { .. } | ClientError::Config(_) => Code::InvalidArgument,
+            ClientError::Connect(_) => Code::Unavailable,
+            ClientError::Status(status) => status.code(),
+        }
+    }
+
+    pub(crate) fn invalid(field: &'static str, reason: impl ToString) -> Self {
+        ClientError::InvalidArgument {
+            field,
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// An error and its sources, `outer: inner: innermost`.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        text += ": ";
+        text += &inner.to_string();
+        source = inner.source();
+    }
+    text
+}
+
+/// `NOT_FOUND: message`, with the transport's own error where there is one.
+fn status_text(status: &Status) -> String {
+    let mut text = format!("{}: {}", code_name(status.code()), status.message());
+    if let Some(source) = std::error::Error::source(status) {
+        text += ": ";
+        text += &chain(source);
+    }
+    text
+}
+
+fn code_name(code: Code) -> String {
+    format!("{code:?}")
+        .chars()
+        .flat_map(|c| {
+            let upper = c.is_ascii_uppercase();
+            [upper.then_some('_'), Some(c.to_ascii_uppercase())]
+        })
+        .flatten()
+        .skip(1)
+        .collect()
+}
+
+/// A connection to respcoord. Cheap to clone; the clones share the channel
+/// and the watch. The watch task stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("watch", &self.watch_status())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    raw: RawClient,
+    /// A second connection for the watch stream, so unary calls and the
+    /// long-lived stream never share HTTP/2 flow control.
+    watch_raw: RawClient,
+    retry: RetryPolicy,
+    tracks: Arc<watcher::Tracks>,
+    watcher: OnceCell<watcher::Handle>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(watcher) = self.watcher.get() {
+            watcher.stop();
+        }
+    }
+}
+
+impl Client {
+    /// Connects (failing fast if the endpoint is unreachable within the
+    /// connect timeout). The channel reconnects by itself afterwards.
+    pub async fn connect(options: ConnectOptions) -> Result<Self, ClientError> {
+        let endpoint = options.endpoint()?;
+        let auth = options.auth()?;
+        let channel = endpoint.connect().await?;
+        Ok(Self::from_parts(
+            channel,
+            endpoint.connect_lazy(),
+            auth,
+            options.retry,
+        ))
+    }
+
+    /// As [`Client::connect`], without waiting for the connection: the
+    /// first call connects (and is retried like any call).
+    pub fn connect_lazy(options: ConnectOptions) -> Result<Self, ClientError> {
+        let endpoint = options.endpoint()?;
+        let auth = options.auth()?;
+        Ok(Self::from_parts(
+            endpoint.connect_lazy(),
+            endpoint.connect_lazy(),
+            auth,
+            options.retry,
+        ))
+    }
+
+    fn from_parts(unary: Channel, watch: Channel, auth: Auth, retry: RetryPolicy) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                raw: ResponseCoordinatorClient::with_interceptor(unary, auth.clone()),
+                watch_raw: ResponseCoordinatorClient::with_interceptor(watch, auth),
+                retry,
+                tracks: Arc::default(),
+                watcher: OnceCell::new(),
+            }),
+        }
+    }
+
+    /// The generated client (with the token interceptor) for calls this API
+    /// does not wrap.
+    pub fn raw(&self) -> RawClient {
+        self.inner.raw.clone()
+    }
+
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.inner.retry
+    }
+
+    /// A handle on one session. While it (or any [`Response`] of it) lives,
+    /// the shared watch tracks the session's events.
+    pub fn session(&self, session_id: &str) -> Result<Session, ClientError> {
+        let id = SessionId::parse(session_id).map_err(|e| ClientError::invalid("session_id", e))?;
+        let guard = self.inner.tracks.track(id.as_str());
+        Ok(Session::new(self.clone(), id, guard))
+    }
+
+    /// How the shared watch is doing (None before the first Start).
+    pub fn watch_status(&self) -> Option<WatchStatus> {
+        self.inner.watcher.get().map(watcher::Handle::status)
+    }
+
+    /// Starts the shared watch if it is not running yet, positioned before
+    /// anything this client is about to start.
+    pub(crate) async fn ensure_watcher(&self) -> Result<(), ClientError> {
+        self.inner
+            .watcher
+            .get_or_try_init(|| async {
+                // The list's seq is a position no later than now: every event
+                // of a Start sent after this is behind it on the stream.
+                let page = self.list_page(1, String::new()).await?;
+                Ok::<_, ClientError>(watcher::spawn(
+                    self.inner.watch_raw.clone(),
+                    Arc::clone(&self.inner.tracks),
+                    self.inner.retry.clone(),
+                    page.seq,
+                ))
+            })
+            .await
+            .map(|_| ())
+    }
+
+    pub(crate) fn tracks(&self) -> &watcher::Tracks {
+        &self.inner.tracks
+    }
+
+    // ---- unary calls, each retried per the policy when that is safe ----
+
+    /// GetState. Idempotent: retried.
+    pub async fn get_state(&self, session_id: &str) -> Result<SessionState, ClientError> {
+        let (reply, _) = self
+            .call(
+                true,
+                |mut raw, request| async move { raw.get_state(request).await },
+                pb::GetStateRequest {
+                    session_id: session_id.into(),
+                },
+            )
+            .await?;
+        Ok(reply.state.unwrap_or_default())
+    }
+
+    /// One ListSessions page. Idempotent: retried.
+    pub async fn list_page(
+        &self,
+        page_size: u32,
+        page_token: String,
+    ) -> Result<pb::ListSessionsResponse, ClientError> {
+        let request = pb::ListSessionsRequest {
+            page_size,
+            page_token,
+        };
+        let (reply, _) = self
+            .call(
+                true,
+                |mut raw, request| async move { raw.list_sessions(request).await },
+                request,
+            )
+            .await?;
+        Ok(reply)
+    }
+
+    /// Start. With a request id (one is generated when `request_id` is None)
+    /// a retry is a replay, so it is retried.
+    pub async fn start_call(
+        &self,
+        session_id: &str,
+        source: Source,
+        request_id: Option<&str>,
+    ) -> Result<pb::StartResponse, ClientError> {
+        let request = pb::StartRequest {
+            session_id: session_id.into(),
+            source: source.into(),
+            request_id: request_id.map_or_else(new_request_id, str::to_owned),
+        };
+        let (reply, _) = self
+            .call(
+                true,
+                |mut raw, request| async move { raw.start(request).await },
+                request,
+            )
+            .await?;
+        Ok(reply)
+    }
+
+    /// Finish. The id makes it idempotent, so it is retried; after a retry,
+    /// `applied == false` may mean an earlier attempt applied (the second is
+    /// then stale). Returns the reply and the number of attempts.
+    pub async fn finish_call(
+        &self,
+        session_id: &str,
+        response_id: u64,
+        status: TerminalStatus,
+    ) -> Result<(pb::FinishResponse, u32), ClientError> {
+        let request = pb::FinishRequest {
+            session_id: session_id.into(),
+            response_id,
+            status: status.into(),
+        };
+        self.call(
+            true,
+            |mut raw, request| async move { raw.finish(request).await },
+            request,
+        )
+        .await
+    }
+
+    /// Cancel. Retried only with `if_response_id`: a blind retry of "cancel
+    /// whatever is live" could cancel a response started in between.
+    pub async fn cancel_call(
+        &self,
+        session_id: &str,
+        source: Source,
+        if_response_id: Option<u64>,
+    ) -> Result<pb::CancelResponse, ClientError> {
+        let request = pb::CancelRequest {
+            session_id: session_id.into(),
+            source: source.into(),
+            if_response_id: if_response_id.unwrap_or(0),
+        };
+        let (reply, _) = self
+            .call(
+                if_response_id.is_some(),
+                |mut raw, request| async move { raw.cancel(request).await },
+                request,
+            )
+            .await?;
+        Ok(reply)
+    }
+
+    /// Shutdown. Idempotent: retried.
+    pub async fn shutdown_call(
+        &self,
+        session_id: &str,
+    ) -> Result<pb::ShutdownResponse, ClientError> {
+        let request = pb::ShutdownRequest {
+            session_id: session_id.into(),
+        };
+        let (reply, _) = self
+            .call(
+                true,
+                |mut raw, request| async move { raw.shutdown(request).await },
+                request,
+            )
+            .await?;
+        Ok(reply)
+    }
+
+    /// Runs one unary call under the retry policy: each attempt gets the
+    /// attempt timeout (capped by what is left of the deadline, and sent as
+    /// `grpc-timeout`); only idempotent calls are tried again.
+    async fn call<M, T, F, Fut>(
+        &self,
+        idempotent: bool,
+        mut attempt: F,
+        message: M,
+    ) -> Result<(T, u32), ClientError>
+    where
+        M: Clone,
+        F: FnMut(RawClient, Request<M>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let policy = if idempotent {
+            self.inner.retry.clone()
+        } else {
+            self.inner.retry.clone().single_attempt()
+        };
+        retry::run(&policy, |timeout: Duration| {
+            let mut request = Request::new(message.clone());
+            request.set_timeout(timeout);
+            let call = attempt(self.inner.raw.clone(), request);
+            async move { call.await.map(tonic::Response::into_inner) }
+        })
+        .await
+        .map_err(ClientError::from)
+    }
+}
+
+/// A fresh request id: 128 random bits, hex.
+pub fn new_request_id() -> String {
+    format!("rc-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+}
+
+/// The proto enum name without its prefix, lower case: `PHASE_ACTIVE` is
+/// `active`. For readable output.
+pub fn short_name(full: &str) -> String {
+    let short = ["PHASE_", "SOURCE_", "TERMINAL_STATUS_", "CANCEL_REASON_"]
+        .iter()
+        .find_map(|prefix| full.strip_prefix(prefix))
+        .unwrap_or(full);
+    short.to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_names_read_like_the_wire() {
+        assert_eq!(code_name(Code::NotFound), "NOT_FOUND");
+        assert_eq!(code_name(Code::Unavailable), "UNAVAILABLE");
+        assert_eq!(code_name(Code::FailedPrecondition), "FAILED_PRECONDITION");
+    }
+
+    #[test]
+    fn short_names() {
+        assert_eq!(short_name(Phase::Active.as_str_name()), "active");
+        assert_eq!(short_name(Source::Vad.as_str_name()), "vad");
+        assert_eq!(
+            short_name(crate::proto::v1::CancelReason::Superseded.as_str_name()),
+            "superseded"
+        );
+    }
+
+    #[test]
+    fn request_ids_are_distinct_and_within_the_limit() {
+        let a = new_request_id();
+        assert_ne!(a, new_request_id());
+        assert!(a.len() <= crate::ids::MAX_REQUEST_ID_BYTES);
+    }
+}

@@ -1,0 +1,195 @@
+//! Retries: exponential backoff with jitter, inside an overall deadline.
+
+use std::{future::Future, time::Duration};
+
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+/// How calls are retried. Only calls that are safe to repeat are retried at
+/// all: Start (it always carries a request id, so a repeat is a replay),
+/// Finish (its id fences it), Cancel with `if_response_id`, Shutdown,
+/// GetState and ListSessions.
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    /// One attempt may take this long (sent to the server as `grpc-timeout`).
+    pub attempt_timeout: Duration,
+    /// All attempts of one call, backoff included, end by this much after
+    /// the call began; the last error is returned then.
+    pub deadline: Duration,
+    /// The first backoff; it doubles per attempt up to `max_backoff`. Each
+    /// sleep is drawn uniformly from [backoff/2, backoff] (jitter), so
+    /// gateways that lost the coordinator together do not return in step.
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    /// At most this many attempts (at least 1).
+    pub max_attempts: u32,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempt_timeout: Duration::from_secs(2),
+            deadline: Duration::from_secs(10),
+            initial_backoff: Duration::from_millis(25),
+            max_backoff: Duration::from_secs(1),
+            max_attempts: u32::MAX,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The same deadlines, one attempt.
+    pub fn single_attempt(mut self) -> Self {
+        self.max_attempts = 1;
+        self
+    }
+
+    /// Whether a failed attempt may be tried again: the transport failed or
+    /// the attempt ran out of time. Answers about the request itself
+    /// (NOT_FOUND, FAILED_PRECONDITION, INVALID_ARGUMENT, ...) are final.
+    pub fn retryable(code: Code) -> bool {
+        matches!(
+            code,
+            Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Aborted
+                | Code::Unknown
+                | Code::Cancelled
+        )
+    }
+
+    /// Backoff before attempt `attempt + 1` (attempts count from 1), jittered.
+    pub(crate) fn backoff(&self, attempt: u32) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(20);
+        let ceiling = self
+            .initial_backoff
+            .saturating_mul(1 << doublings)
+            .min(self.max_backoff);
+        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(fastrand::u64(nanos / 2..=nanos))
+    }
+}
+
+/// Runs `attempt(timeout)` until it succeeds, fails for good, or the policy
+/// runs out. Returns the value and how many attempts it took.
+pub(crate) async fn run<T, F, Fut>(policy: &RetryPolicy, mut attempt: F) -> Result<(T, u32), Status>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: Future<Output = Result<T, Status>>,
+{
+    let deadline = Instant::now() + policy.deadline;
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let timeout = policy.attempt_timeout.min(left);
+        let result = match tokio::time::timeout(timeout, attempt(timeout)).await {
+            Ok(result) => result,
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "no answer within {timeout:?}"
+            ))),
+        };
+        let status = match result {
+            Ok(value) => return Ok((value, attempts)),
+            Err(status) => status,
+        };
+        if !RetryPolicy::retryable(status.code()) || attempts >= policy.max_attempts.max(1) {
+            return Err(status);
+        }
+        let pause = policy.backoff(attempts);
+        if Instant::now() + pause >= deadline {
+            return Err(status);
+        }
+        tracing::debug!(code = ?status.code(), message = status.message(), ?pause, attempts, "retrying");
+        tokio::time::sleep(pause).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_up_to_the_cap() {
+        let policy = RetryPolicy {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(800),
+            ..RetryPolicy::default()
+        };
+        for _ in 0..100 {
+            let first = policy.backoff(1);
+            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+            let third = policy.backoff(3);
+            assert!(third >= Duration::from_millis(200) && third <= Duration::from_millis(400));
+            let late = policy.backoff(30);
+            assert!(late >= Duration::from_millis(400) && late <= Duration::from_millis(800));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_transport_failures_until_success() {
+        let calls = AtomicU32::new(0);
+        let (value, attempts) = run(&RetryPolicy::default(), |_| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < 3 {
+                    Err(Status::unavailable("down"))
+                } else {
+                    Ok(n)
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!((value, attempts), (3, 4));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn final_answers_are_not_retried() {
+        let calls = AtomicU32::new(0);
+        let status = run(&RetryPolicy::default(), |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), _>(Status::not_found("no")) }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(status.code(), Code::NotFound);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_bounds_all_attempts() {
+        let policy = RetryPolicy {
+            deadline: Duration::from_secs(3),
+            ..RetryPolicy::default()
+        };
+        let began = Instant::now();
+        let status = run(&policy, |timeout| async move {
+            // Hangs: every attempt times out.
+            tokio::time::sleep(timeout * 2).await;
+            Ok::<(), Status>(())
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(status.code(), Code::DeadlineExceeded);
+        assert!(
+            began.elapsed() <= Duration::from_secs(3),
+            "{:?}",
+            began.elapsed()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn single_attempt_means_one() {
+        let calls = AtomicU32::new(0);
+        let policy = RetryPolicy::default().single_attempt();
+        let _ = run(&policy, |_| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), _>(Status::unavailable("down")) }
+        })
+        .await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}

@@ -1,0 +1,1153 @@
+//! The gateway client library (`respcoord::client`) and `respcoordctl`
+//! against real servers on loopback: cancellation from another gateway
+//! within a bounded time, Finish at most once (exactly once when the body
+//! ends by itself) under races, retries that never supersede their own
+//! response, a resumed watch after a broken connection, a coordinator
+//! restart survived (re-list, in-flight responses told they are gone, no
+//! Finish for them), the bearer token on every call, mutual TLS with a
+//! scoped token against the real server configuration, the CLI's commands,
+//! JSON output and exit codes, and the measured cancel-propagation latency.
+//! (Only built with the `client` feature: see Cargo.toml's [[test]] entry.)
+
+mod common;
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use common::{check_invariants, TestServer, PATIENCE};
+use respcoord::{
+    auth::Tokens,
+    client::{
+        Client, ConnectOptions, Finished, RetryPolicy, RunOutcome, StartOptions, StopReason,
+        Terminal, TlsOptions,
+    },
+    grpc::{CoordinatorService, WatchSettings},
+    proto::v1::{
+        self as pb,
+        response_coordinator_server::{ResponseCoordinator, ResponseCoordinatorServer},
+        Source,
+    },
+    registry::{Registry, RegistryConfig},
+    server::{Pem, ServerConfig, TlsConfig},
+};
+use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+use tonic::{
+    transport::{server::TcpIncoming, Server},
+    Code, Request, Response, Status,
+};
+
+const CTL: &str = env!("CARGO_BIN_EXE_respcoordctl");
+const SERVER_BIN: &str = env!("CARGO_BIN_EXE_respcoord");
+
+async fn connect(endpoint: &str) -> Client {
+    Client::connect(ConnectOptions::new(endpoint))
+        .await
+        .expect("connect")
+}
+
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {PATIENCE:?}"))
+}
+
+// ---- a coordinator that counts what reaches it ----
+
+/// The real service, wrapped to record every Finish that reaches the server
+/// and to lose the first Start reply on demand (the Start applies, the
+/// caller sees UNAVAILABLE), as a dropped connection would.
+#[derive(Clone)]
+struct Counting {
+    inner: Arc<CoordinatorService>,
+    finishes: Arc<Mutex<Vec<u64>>>,
+    starts: Arc<AtomicUsize>,
+    lose_next_start_reply: Arc<AtomicBool>,
+}
+
+#[tonic::async_trait]
+impl ResponseCoordinator for Counting {
+    async fn start(
+        &self,
+        request: Request<pb::StartRequest>,
+    ) -> Result<Response<pb::StartResponse>, Status> {
+        self.starts.fetch_add(1, Ordering::SeqCst);
+        let reply = self.inner.start(request).await?;
+        if self.lose_next_start_reply.swap(false, Ordering::SeqCst) {
+            return Err(Status::unavailable("reply lost on the way back"));
+        }
+        Ok(reply)
+    }
+    async fn finish(
+        &self,
+        request: Request<pb::FinishRequest>,
+    ) -> Result<Response<pb::FinishResponse>, Status> {
+        self.finishes
+            .lock()
+            .unwrap()
+            .push(request.get_ref().response_id);
+        self.inner.finish(request).await
+    }
+    async fn cancel(
+        &self,
+        request: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::CancelResponse>, Status> {
+        self.inner.cancel(request).await
+    }
+    async fn shutdown(
+        &self,
+        request: Request<pb::ShutdownRequest>,
+    ) -> Result<Response<pb::ShutdownResponse>, Status> {
+        self.inner.shutdown(request).await
+    }
+    async fn get_state(
+        &self,
+        request: Request<pb::GetStateRequest>,
+    ) -> Result<Response<pb::GetStateResponse>, Status> {
+        self.inner.get_state(request).await
+    }
+    async fn list_sessions(
+        &self,
+        request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        self.inner.list_sessions(request).await
+    }
+    type WatchStream = <CoordinatorService as ResponseCoordinator>::WatchStream;
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        self.inner.watch(request).await
+    }
+}
+
+struct Coordinator {
+    addr: SocketAddr,
+    counting: Counting,
+    stop: CancellationToken,
+    handle: JoinHandle<()>,
+}
+
+impl Coordinator {
+    /// Serves on `addr` (a fresh port if None); `token` makes every call
+    /// require `authorization: Bearer <token>`.
+    async fn serve(addr: Option<SocketAddr>, token: Option<&'static str>) -> Self {
+        let listener = TcpListener::bind(addr.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap()))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let registry = Registry::new(RegistryConfig::default());
+        let counting = Counting {
+            inner: Arc::new(CoordinatorService::new(
+                registry,
+                WatchSettings::default(),
+                stop.clone(),
+            )),
+            finishes: Arc::default(),
+            starts: Arc::default(),
+            lose_next_start_reply: Arc::default(),
+        };
+        let check = move |request: Request<()>| -> Result<Request<()>, Status> {
+            match token {
+                None => Ok(request),
+                Some(token) => {
+                    let expected = format!("Bearer {token}");
+                    match request.metadata().get("authorization") {
+                        Some(value) if value.to_str().ok() == Some(expected.as_str()) => {
+                            Ok(request)
+                        }
+                        _ => Err(Status::unauthenticated("a valid bearer token is required")),
+                    }
+                }
+            }
+        };
+        let service = ResponseCoordinatorServer::with_interceptor(counting.clone(), check);
+        let shutdown = stop.clone();
+        let handle = tokio::spawn(async move {
+            Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    shutdown.cancelled_owned(),
+                )
+                .await
+                .expect("serve");
+        });
+        Self {
+            addr,
+            counting,
+            stop,
+            handle,
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn finishes_of(&self, id: u64) -> usize {
+        let finishes = self.counting.finishes.lock().unwrap();
+        finishes.iter().filter(|&&f| f == id).count()
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(PATIENCE, self.handle).await;
+    }
+}
+
+// ---- cancellation from another gateway ----
+
+#[tokio::test]
+async fn a_response_superseded_by_another_gateway_is_stopped_and_fenced() {
+    let server = TestServer::start().await;
+    let a = connect(&server.endpoint()).await;
+    let b = connect(&server.endpoint()).await;
+    let (a_session, b_session) = (a.session("call-1").unwrap(), b.session("call-1").unwrap());
+
+    let (started_tx, started_rx) = oneshot::channel();
+    let reader = tokio::spawn(async move {
+        a_session
+            .run(Source::Client, |ctx| async move {
+                let fence = ctx.fence().clone();
+                let _ = started_tx.send(fence);
+                // Speaks until told to stop.
+                std::future::pending::<Result<(), ()>>().await
+            })
+            .await
+    });
+    let fence = within("A's response starts", started_rx).await.unwrap();
+    assert!(fence.is_current());
+
+    let barge_in = b_session.start(Source::Vad).await.unwrap();
+    assert_eq!(barge_in.superseded(), Some(fence.id()));
+    let outcome = within("A sees the supersede", reader)
+        .await
+        .unwrap()
+        .unwrap();
+    match outcome {
+        RunOutcome::Stopped {
+            response_id,
+            reason,
+        } => {
+            assert_eq!(response_id, fence.id());
+            assert_eq!(reason, StopReason::Superseded);
+        }
+        other => panic!("expected Stopped, got {other:?}"),
+    }
+    assert!(!fence.is_current(), "late output of A is dropped");
+    assert_eq!(fence.stop_reason(), Some(StopReason::Superseded));
+    assert!(barge_in.is_current(), "B's own response lives on");
+
+    // A cancels B's response from its side: B's handle stops too.
+    let a_again = a.session("call-1").unwrap();
+    assert_eq!(
+        a_again.cancel(Source::Client, None).await.unwrap(),
+        Some(barge_in.id())
+    );
+    assert_eq!(
+        within("B sees the cancel", barge_in.stopped()).await,
+        StopReason::Cancelled
+    );
+    assert!(!barge_in.is_current());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_and_shutdown_from_another_gateway_stop_responses() {
+    let server = TestServer::start().await;
+    let a = connect(&server.endpoint()).await;
+    let b = connect(&server.endpoint()).await;
+    let a_session = a.session("call-2").unwrap();
+    let b_session = b.session("call-2").unwrap();
+
+    let first = a_session.start(Source::Client).await.unwrap();
+    let token = first.token();
+    assert_eq!(
+        b_session.cancel(Source::Vad, None).await.unwrap(),
+        Some(first.id())
+    );
+    within("the token fires", token.cancelled()).await;
+    assert_eq!(first.stop_reason(), Some(StopReason::Cancelled));
+    // Its Finish is not sent: the coordinator already ended it.
+    assert_eq!(
+        first.finish(Terminal::Completed).await.unwrap(),
+        Finished::NotSent(StopReason::Cancelled)
+    );
+
+    let second = a_session.start(Source::Client).await.unwrap();
+    assert_eq!(b_session.shutdown().await.unwrap(), Some(second.id()));
+    assert_eq!(
+        within("shutdown reaches A", second.stopped()).await,
+        StopReason::Shutdown
+    );
+    let refused = a_session.start(Source::Client).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+
+    // A response that finishes by itself is applied exactly once.
+    let other = a.session("call-3").unwrap();
+    let outcome = other
+        .run(Source::Client, |ctx| async move {
+            assert!(ctx.is_current());
+            Ok::<_, ()>(ctx.response_id())
+        })
+        .await
+        .unwrap();
+    let RunOutcome::Completed {
+        value, finished, ..
+    } = outcome
+    else {
+        panic!("expected Completed, got {outcome:?}");
+    };
+    let Finished::Applied(state) = finished.unwrap() else {
+        panic!("Finish not applied");
+    };
+    assert_eq!(state.phase(), pb::Phase::Idle);
+    assert_eq!(state.revision, 2, "started, ended");
+    assert!(value > 0);
+    server.stop().await;
+}
+
+// ---- Finish exactly once under races ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finish_is_sent_at_most_once_and_exactly_when_the_body_ended_first() {
+    let coordinator = Coordinator::serve(None, None).await;
+    let a = connect(&coordinator.endpoint()).await;
+    let b = connect(&coordinator.endpoint()).await;
+    let mut raw = b.raw();
+    let mut recording = raw
+        .watch(pb::WatchRequest {
+            session_id: String::new(),
+            after_revision: None,
+            after_seq: Some(0),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+
+    const ROUNDS: usize = 150;
+    let (mut completed, mut stopped, mut not_sent) = (0, 0, 0);
+    for round in 0..ROUNDS {
+        let name = format!("race-{round}");
+        let a_session = a.session(&name).unwrap();
+        let b_session = b.session(&name).unwrap();
+        let body_delay = Duration::from_micros(fastrand::u64(..3000));
+        let cancel_delay = Duration::from_micros(fastrand::u64(..3000));
+        let (started_tx, started_rx) = oneshot::channel();
+        let run = tokio::spawn(async move {
+            a_session
+                .run(Source::Client, move |ctx| async move {
+                    let _ = started_tx.send(ctx.response_id());
+                    tokio::time::sleep(body_delay).await;
+                    Ok::<_, ()>(())
+                })
+                .await
+                .unwrap()
+        });
+        let id = within("A starts", started_rx).await.unwrap();
+        tokio::time::sleep(cancel_delay).await;
+        let _ = b_session.cancel(Source::Vad, Some(id)).await.unwrap();
+        let outcome = within("A's run ends", run).await.unwrap();
+        assert_eq!(outcome.response_id(), id);
+        let sent = coordinator.finishes_of(id);
+        match outcome {
+            RunOutcome::Completed { finished, .. } => match finished.unwrap() {
+                Finished::Applied(_) | Finished::Stale(_) => {
+                    assert_eq!(sent, 1, "round {round}: the body ended: exactly one Finish");
+                    completed += 1;
+                }
+                Finished::NotSent(_) => {
+                    assert_eq!(sent, 0, "round {round}: stopped before Finish: none");
+                    not_sent += 1;
+                }
+            },
+            RunOutcome::Stopped { .. } => {
+                assert_eq!(sent, 0, "round {round}: stopped: no Finish");
+                stopped += 1;
+            }
+            RunOutcome::Failed { .. } => unreachable!("the body never fails"),
+        }
+    }
+    // Every started response has exactly one terminal on the coordinator.
+    let mut events = Vec::new();
+    let mut ended = 0;
+    while ended < ROUNDS {
+        let message = within("the recording", recording.message())
+            .await
+            .unwrap()
+            .unwrap();
+        ended += message
+            .events
+            .iter()
+            .filter(|e| matches!(e.kind, Some(pb::lifecycle_event::Kind::Ended(_))))
+            .count();
+        events.extend(message.events);
+    }
+    let report = check_invariants(&events);
+    assert_eq!((report.started, report.ended), (ROUNDS, ROUNDS));
+    println!(
+        "finish races over {ROUNDS} rounds: body first {completed}, stopped first {stopped}, \
+         stopped between body and Finish {not_sent}"
+    );
+    coordinator.stop().await;
+}
+
+// ---- retries ----
+
+#[tokio::test]
+async fn a_start_retried_after_a_lost_reply_is_a_replay_not_a_supersede() {
+    let coordinator = Coordinator::serve(None, None).await;
+    let a = connect(&coordinator.endpoint()).await;
+    let session = a.session("retry-1").unwrap();
+
+    coordinator
+        .counting
+        .lose_next_start_reply
+        .store(true, Ordering::SeqCst);
+    let response = session.start(Source::Client).await.unwrap();
+    assert_eq!(coordinator.counting.starts.load(Ordering::SeqCst), 2);
+    assert!(
+        response.replayed(),
+        "the second attempt is answered as a replay"
+    );
+    assert!(response.is_current(), "it did not supersede itself");
+    let state = session.state().await.unwrap();
+    assert_eq!(state.responses_started, 1, "one response, not two");
+    assert_eq!(state.active_response_id, response.id());
+
+    // An explicit request id makes a repeat of the whole call safe too.
+    let options = StartOptions {
+        request_id: Some("turn-7".into()),
+    };
+    let first = session
+        .start_with(Source::Client, options.clone())
+        .await
+        .unwrap();
+    assert_eq!(first.superseded(), Some(response.id()));
+    let again = session.start_with(Source::Client, options).await.unwrap();
+    assert!(again.replayed());
+    assert_eq!(again.id(), first.id());
+    assert!(first.is_current() && again.is_current());
+    assert!(matches!(
+        first.finish(Terminal::Completed).await.unwrap(),
+        Finished::Applied(_)
+    ));
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn a_start_sent_while_the_coordinator_is_down_retries_until_it_is_back_once() {
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let options = ConnectOptions::new(format!("http://{addr}")).with_retry(RetryPolicy {
+        deadline: PATIENCE,
+        ..RetryPolicy::default()
+    });
+    let a = Client::connect_lazy(options).unwrap();
+    let session = a.session("late").unwrap();
+    let start = tokio::spawn(async move {
+        let response = session.start(Source::Client).await;
+        (session, response)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let coordinator = Coordinator::serve(Some(addr), None).await;
+    let (session, response) = within("the start gets through", start).await.unwrap();
+    let response = response.unwrap();
+    assert!(response.is_current());
+    assert_eq!(session.state().await.unwrap().responses_started, 1);
+    coordinator.stop().await;
+}
+
+// ---- the shared watch: resume, restart ----
+
+/// A loopback TCP proxy whose connections can all be cut at once.
+struct Proxy {
+    addr: SocketAddr,
+    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    accept: JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let accept = tokio::spawn({
+            let connections = Arc::clone(&connections);
+            async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    let connection = tokio::spawn(async move {
+                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
+                            let _ = inbound.set_nodelay(true);
+                            let _ = outbound.set_nodelay(true);
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                    connections.lock().unwrap().push(connection);
+                }
+            }
+        });
+        Self {
+            addr,
+            connections,
+            accept,
+        }
+    }
+
+    /// Drops every open connection (both sockets close).
+    fn cut(&self) {
+        for connection in self.connections.lock().unwrap().drain(..) {
+            connection.abort();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}
+
+#[tokio::test]
+async fn the_watch_resumes_after_a_broken_connection_and_catches_up() {
+    let server = TestServer::start().await;
+    let proxy = Proxy::start(server.addr).await;
+    let a = connect(&format!("http://{}", proxy.addr)).await;
+    let b = connect(&server.endpoint()).await;
+    let session = a.session("resume-1").unwrap();
+    let response = session.start(Source::Client).await.unwrap();
+    let status = a.watch_status().expect("the watch runs");
+
+    // Cut A off, supersede its response meanwhile, then let it reconnect.
+    proxy.cut();
+    let barge_in = b
+        .session("resume-1")
+        .unwrap()
+        .start(Source::Vad)
+        .await
+        .unwrap();
+    assert_eq!(barge_in.superseded(), Some(response.id()));
+    assert_eq!(
+        within("A learns after resuming", response.stopped()).await,
+        StopReason::Superseded
+    );
+    let after = a.watch_status().unwrap();
+    assert!(after.reconnects > status.reconnects, "{after:?}");
+    assert_eq!(after.relists, 0, "resumed with after_seq, no re-list");
+    assert!(after.position > status.position);
+    server.stop().await;
+}
+
+struct Process {
+    child: std::process::Child,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// The real binary on `port`, once it answers.
+async fn spawn_server(port: u16) -> Process {
+    let child = Command::new(SERVER_BIN)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn respcoord");
+    let process = Process { child };
+    let deadline = Instant::now() + PATIENCE;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "respcoord did not listen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    process
+}
+
+/// "Survived" for the in-memory backend, which loses its sessions when it
+/// restarts: the client reconnects; its watch, resumed at a seq the new
+/// process never had, gets OUT_OF_RANGE and re-lists; the in-flight response
+/// is reported gone (stopped, no Finish: there is nothing to finish); the
+/// client keeps working, including its watch, and never starts twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_restart_mid_run_is_survived() {
+    let port = free_port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let server = spawn_server(port).await;
+    let a = connect(&endpoint).await;
+    let session = a.session("restart-1").unwrap();
+    let (started_tx, started_rx) = oneshot::channel();
+    let run = tokio::spawn({
+        let session = session.clone();
+        async move {
+            session
+                .run(Source::Client, |ctx| async move {
+                    let _ = started_tx.send(ctx.fence().clone());
+                    std::future::pending::<Result<(), ()>>().await
+                })
+                .await
+        }
+    });
+    let fence = within("A starts", started_rx).await.unwrap();
+
+    drop(server); // SIGKILL: connections reset, every session lost
+    let server = spawn_server(port).await;
+    let outcome = within("A is told its response is gone", run)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            RunOutcome::Stopped {
+                reason: StopReason::Gone,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert!(!fence.is_current());
+    let status = a.watch_status().unwrap();
+    assert!(status.relists >= 1, "{status:?}");
+
+    // The client goes on: a new response (ids keep growing across the
+    // restart), exactly one start, and the resumed watch still delivers.
+    let b = connect(&endpoint).await;
+    let next = session.start(Source::Client).await.unwrap();
+    assert!(next.id() > fence.id());
+    let state = session.state().await.unwrap();
+    assert_eq!(state.responses_started, 1, "nothing was started twice");
+    b.session("restart-1")
+        .unwrap()
+        .start(Source::Vad)
+        .await
+        .unwrap();
+    assert_eq!(
+        within("the watch works after re-listing", next.stopped()).await,
+        StopReason::Superseded
+    );
+    drop(server);
+}
+
+// ---- token ----
+
+#[tokio::test]
+async fn the_bearer_token_goes_on_every_call_including_the_watch() {
+    let coordinator = Coordinator::serve(None, Some("s3cret")).await;
+    let anonymous = connect(&coordinator.endpoint()).await;
+    let refused = anonymous.get_state("x").await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+
+    let options = ConnectOptions::new(coordinator.endpoint()).with_token("s3cret");
+    let a = Client::connect(options.clone()).await.unwrap();
+    let b = Client::connect(options).await.unwrap();
+    let response = a
+        .session("auth-1")
+        .unwrap()
+        .start(Source::Client)
+        .await
+        .unwrap();
+    b.session("auth-1")
+        .unwrap()
+        .start(Source::Vad)
+        .await
+        .unwrap();
+    assert_eq!(
+        within("the authorized watch delivers", response.stopped()).await,
+        StopReason::Superseded
+    );
+    coordinator.stop().await;
+}
+
+// ---- TLS, mutual TLS and a scoped token against the real server ----
+
+struct Ca {
+    pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl Ca {
+    fn new(name: &str) -> Self {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let pem = params.self_signed(&key).unwrap().pem();
+        Self {
+            pem,
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A leaf certificate for `name` (also its DNS SAN): (cert PEM, key PEM).
+    fn leaf(&self, name: &str) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "respcoord-client-{tag}-{}-{:x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn file(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_and_a_scoped_token_work_for_the_library_and_the_cli() {
+    const TOKEN: &str = "gateway-token-0123456789abcdef";
+    let (server_ca, client_ca) = (Ca::new("server CA"), Ca::new("client CA"));
+    let dir = TempDir::new("mtls");
+    let (cert, key) = server_ca.leaf("localhost");
+    let server = TestServer::with_config(ServerConfig {
+        tls: Some(TlsConfig {
+            cert: Pem::certificates(&dir.file("server.pem", &cert)).unwrap(),
+            key: Pem::private_key(&dir.file("server-key.pem", &key)).unwrap(),
+            client_ca: Some(Pem::certificates(&dir.file("client-ca.pem", &client_ca.pem)).unwrap()),
+        }),
+        auth: Some(Tokens::parse(&format!("{TOKEN} tenant-a/\n")).unwrap()),
+        ..Default::default()
+    })
+    .await;
+    let (gateway_cert, gateway_key) = client_ca.leaf("gateway-1");
+    let tls = TlsOptions {
+        ca: Some(dir.file("ca.pem", &server_ca.pem)),
+        cert: Some(dir.file("gateway.pem", &gateway_cert)),
+        key: Some(dir.file("gateway-key.pem", &gateway_key)),
+        domain: Some("localhost".into()),
+    };
+    // host:port with TLS options means https.
+    let options = ConnectOptions::new(server.addr.to_string())
+        .with_tls(tls.clone())
+        .with_token(TOKEN);
+    let a = Client::connect(options.clone()).await.unwrap();
+    let b = Client::connect(options.clone()).await.unwrap();
+    let response = a
+        .session("tenant-a/1")
+        .unwrap()
+        .start(Source::Client)
+        .await
+        .unwrap();
+    b.session("tenant-a/1")
+        .unwrap()
+        .start(Source::Vad)
+        .await
+        .unwrap();
+    assert_eq!(
+        within("the watch over mutual TLS delivers", response.stopped()).await,
+        StopReason::Superseded
+    );
+    // Outside the token's scope.
+    let denied = a.get_state("tenant-b/1").await.unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied);
+    // No client certificate: the handshake fails.
+    let anonymous = ConnectOptions::new(server.addr.to_string())
+        .with_tls(TlsOptions {
+            cert: None,
+            key: None,
+            ..tls.clone()
+        })
+        .with_token(TOKEN)
+        .with_retry(RetryPolicy {
+            deadline: Duration::from_secs(2),
+            ..RetryPolicy::default()
+        });
+    // (With TLS 1.3 the refusal may come after the handshake, on the first call.)
+    let refused = match Client::connect(anonymous).await {
+        Ok(client) => client.get_state("tenant-a/1").await.unwrap_err(),
+        Err(error) => error,
+    };
+    assert!(
+        matches!(
+            refused.code(),
+            Code::Unavailable | Code::Cancelled | Code::Unknown
+        ),
+        "a transport failure, not an answer: {refused}"
+    );
+
+    // The CLI, with the same files.
+    let token_file = dir.file("token", TOKEN);
+    let path = |p: &Option<PathBuf>| p.as_ref().unwrap().to_str().unwrap().to_owned();
+    let (ca, cert, key, token) = (
+        path(&tls.ca),
+        path(&tls.cert),
+        path(&tls.key),
+        token_file.to_str().unwrap().to_owned(),
+    );
+    let flags = [
+        "--tls-ca",
+        ca.as_str(),
+        "--tls-cert",
+        cert.as_str(),
+        "--tls-key",
+        key.as_str(),
+        "--tls-domain",
+        "localhost",
+        "--token-file",
+        token.as_str(),
+    ];
+    let endpoint = format!("https://{}", server.addr);
+    let got = ctl(
+        &endpoint,
+        &[&["get", "tenant-a/1", "-o", "json"][..], &flags[..]].concat(),
+        &[],
+    )
+    .await;
+    assert_eq!(json(&got)["phase"], "active");
+    let denied = ctl(
+        &endpoint,
+        &[&["get", "tenant-b/1"][..], &flags[..]].concat(),
+        &[],
+    )
+    .await;
+    assert_eq!(denied.code, 7, "{}", denied.stderr);
+    let no_token = ctl(
+        &endpoint,
+        &[&["get", "tenant-a/1"][..], &flags[..8]].concat(),
+        &[],
+    )
+    .await;
+    assert_eq!(no_token.code, 7, "{}", no_token.stderr);
+    let plaintext = ctl(
+        &format!("http://{}", server.addr),
+        &["get", "tenant-a/1", "--timeout", "2s"],
+        &[],
+    )
+    .await;
+    assert_eq!(plaintext.code, 1, "{}", plaintext.stderr);
+    server.stop().await;
+}
+
+// ---- latency ----
+
+/// From B's call to A's `run` returning (its body dropped), over loopback.
+/// Printed, never asserted: tests do not fail on timing. Run with
+/// `cargo test --release --features client --test client cancel_propagation -- --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_propagation_latency() {
+    let server = TestServer::start().await;
+    let a = connect(&server.endpoint()).await;
+    let b = connect(&server.endpoint()).await;
+    const ROUNDS: usize = 300;
+    let mut latencies = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS {
+        let name = format!("latency-{}", round % 16);
+        let a_session = a.session(&name).unwrap();
+        let b_session = b.session(&name).unwrap();
+        let (started_tx, started_rx) = oneshot::channel();
+        let run = tokio::spawn(async move {
+            let outcome = a_session
+                .run(Source::Client, |ctx| async move {
+                    let _ = started_tx.send(ctx.response_id());
+                    std::future::pending::<Result<(), ()>>().await
+                })
+                .await;
+            (outcome, Instant::now())
+        });
+        let id = within("A starts", started_rx).await.unwrap();
+        let called = Instant::now();
+        if round % 2 == 0 {
+            b_session.cancel(Source::Vad, Some(id)).await.unwrap();
+        } else {
+            let barge_in = b_session.start(Source::Vad).await.unwrap();
+            assert_eq!(barge_in.superseded(), Some(id));
+            drop(barge_in);
+        }
+        let (outcome, seen) = within("A sees it", run).await.unwrap();
+        assert!(matches!(outcome, Ok(RunOutcome::Stopped { .. })));
+        latencies.push(seen - called);
+    }
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
+    println!(
+        "cancel propagation, B's call to A's body stopped, {ROUNDS} rounds over loopback: \
+         p50 {:?}, p99 {:?}, max {:?}",
+        at(0.50),
+        at(0.99),
+        latencies[latencies.len() - 1]
+    );
+    server.stop().await;
+}
+
+// ---- respcoordctl ----
+
+struct Ctl {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn ctl(endpoint: &str, args: &[&str], envs: &[(&str, &str)]) -> Ctl {
+    let mut command = Command::new(CTL);
+    command
+        .args(args)
+        .env("RESPCOORDCTL_ENDPOINT", endpoint)
+        .env_remove("RESPCOORDCTL_TOKEN")
+        .env_remove("RESPCOORDCTL_OUTPUT")
+        .stdin(Stdio::null());
+    for (key, value) in envs {
+        command.env(key, value);
+    }
+    let output = tokio::task::spawn_blocking(move || command.output().expect("run respcoordctl"))
+        .await
+        .unwrap();
+    Ctl {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn json(ctl: &Ctl) -> serde_json::Value {
+    assert_eq!(ctl.code, 0, "stderr: {}", ctl.stderr);
+    serde_json::from_str(ctl.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", ctl.stdout))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn respcoordctl_commands_json_and_exit_codes() {
+    let server = TestServer::start().await;
+    let e = server.endpoint();
+    let started = json(
+        &ctl(
+            &e,
+            &["-o", "json", "start", "call-9", "--request-id", "t1"],
+            &[],
+        )
+        .await,
+    );
+    let first = started["response_id"].as_u64().unwrap();
+    assert!(first > 0);
+    assert_eq!(started["replayed"], false);
+    assert_eq!(started["state"]["phase"], "active");
+    assert_eq!(started["state"]["active_source"], "client");
+    let replay = json(
+        &ctl(
+            &e,
+            &["start", "call-9", "--request-id", "t1", "-o", "json"],
+            &[],
+        )
+        .await,
+    );
+    assert_eq!(replay["response_id"].as_u64(), Some(first));
+    assert_eq!(replay["replayed"], true);
+
+    let barge_in = json(
+        &ctl(
+            &e,
+            &["start", "call-9", "--source", "vad", "--output", "json"],
+            &[],
+        )
+        .await,
+    );
+    let second = barge_in["response_id"].as_u64().unwrap();
+    assert_eq!(barge_in["superseded_response_id"].as_u64(), Some(first));
+
+    let got = json(&ctl(&e, &["get", "call-9", "-o", "json"], &[]).await);
+    assert_eq!(got["active_response_id"].as_u64(), Some(second));
+    assert_eq!(got["active_source"], "vad");
+    assert_eq!(got["revision"], 4);
+
+    let text = ctl(&e, &["get", "call-9"], &[]).await;
+    assert_eq!(text.code, 0);
+    assert!(text.stdout.starts_with("call-9 active "), "{}", text.stdout);
+
+    let listed = json(&ctl(&e, &["list", "-o", "json"], &[]).await);
+    assert!(listed["seq"].as_u64().unwrap() >= second);
+    let sessions = listed["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1);
+    assert_eq!(sessions[0]["session_id"], "call-9");
+
+    let stale = json(
+        &ctl(
+            &e,
+            &["finish", "call-9", &first.to_string(), "-o", "json"],
+            &[],
+        )
+        .await,
+    );
+    assert_eq!(
+        stale["applied"], false,
+        "a superseded response's Finish is stale"
+    );
+    let finished = json(
+        &ctl(
+            &e,
+            &[
+                "finish",
+                "call-9",
+                &second.to_string(),
+                "--status",
+                "failed",
+                "-o",
+                "json",
+            ],
+            &[],
+        )
+        .await,
+    );
+    assert_eq!(finished["applied"], true);
+    assert_eq!(finished["state"]["phase"], "idle");
+
+    let nothing = json(&ctl(&e, &["cancel", "call-9", "-o", "json"], &[]).await);
+    assert_eq!(nothing["cancelled_response_id"], 0);
+    let third = json(&ctl(&e, &["start", "call-9", "-o", "json"], &[]).await)["response_id"]
+        .as_u64()
+        .unwrap();
+    let cancelled = json(
+        &ctl(
+            &e,
+            &[
+                "cancel",
+                "call-9",
+                "--if-response-id",
+                &third.to_string(),
+                "-o",
+                "json",
+            ],
+            &[],
+        )
+        .await,
+    );
+    assert_eq!(cancelled["cancelled_response_id"].as_u64(), Some(third));
+
+    let shut = json(&ctl(&e, &["shutdown", "call-9", "-o", "json"], &[]).await);
+    assert_eq!(shut["state"]["phase"], "terminated");
+
+    // The session's whole history, then the stream ends at `terminated`.
+    let watched = ctl(&e, &["watch", "call-9", "--from-start", "-o", "json"], &[]).await;
+    assert_eq!(watched.code, 0, "{}", watched.stderr);
+    let events: Vec<serde_json::Value> = watched
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "started",
+            "cancel_requested",
+            "ended",
+            "started",
+            "ended",
+            "started",
+            "cancel_requested",
+            "ended",
+            "terminated"
+        ]
+    );
+    assert_eq!(events[1]["reason"], "superseded");
+    assert_eq!(events[4]["status"], "failed");
+    assert_eq!(events[8]["reason"], "shutdown");
+    let revisions: Vec<u64> = events
+        .iter()
+        .map(|e| e["revision"].as_u64().unwrap())
+        .collect();
+    assert_eq!(revisions, (1..=9).collect::<Vec<_>>());
+
+    let all = ctl(&e, &["watch", "--from-start", "--limit", "2"], &[]).await;
+    assert_eq!(all.code, 0, "{}", all.stderr);
+    assert_eq!(all.stdout.lines().count(), 2);
+    assert!(all.stdout.contains(" started response="), "{}", all.stdout);
+
+    // Exit codes.
+    let terminated = ctl(&e, &["start", "call-9"], &[]).await;
+    assert_eq!(terminated.code, 4, "{}", terminated.stderr);
+    assert!(terminated.stderr.contains("FAILED_PRECONDITION"));
+    assert_eq!(ctl(&e, &["get", "nobody"], &[]).await.code, 3);
+    assert_eq!(ctl(&e, &["get", ""], &[]).await.code, 2, "INVALID_ARGUMENT");
+    assert_eq!(ctl(&e, &["get"], &[]).await.code, 2, "usage");
+    assert_eq!(ctl(&e, &["frobnicate"], &[]).await.code, 2, "usage");
+    let unreachable = ctl(
+        &format!("http://127.0.0.1:{}", free_port()),
+        &["get", "x", "--timeout", "2s"],
+        &[],
+    )
+    .await;
+    assert_eq!(unreachable.code, 1, "{}", unreachable.stderr);
+    let gone = ctl(&e, &["watch", "--after-seq", "1"], &[]).await;
+    assert_eq!(gone.code, 6, "OUT_OF_RANGE: {}", gone.stderr);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn respcoordctl_sends_the_token_from_a_file_or_the_environment() {
+    let coordinator = Coordinator::serve(None, Some("t0ken")).await;
+    let e = coordinator.endpoint();
+    let refused = ctl(&e, &["get", "x"], &[]).await;
+    assert_eq!(refused.code, 7, "{}", refused.stderr);
+
+    let dir = std::env::temp_dir().join(format!("respcoordctl-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, "t0ken\n").unwrap();
+    let file = file.to_str().unwrap();
+    let by_file = ctl(&e, &["start", "tok", "--token-file", file], &[]).await;
+    assert_eq!(by_file.code, 0, "{}", by_file.stderr);
+    let by_env = ctl(&e, &["get", "tok"], &[("RESPCOORDCTL_TOKEN", "t0ken")]).await;
+    assert_eq!(by_env.code, 0, "{}", by_env.stderr);
+    let missing = ctl(
+        &e,
+        &["get", "tok", "--token-file", "/nonexistent/token"],
+        &[],
+    )
+    .await;
+    assert_eq!(missing.code, 2, "{}", missing.stderr);
+    assert!(missing.stderr.contains("--token-file"));
+    let _ = std::fs::remove_dir_all(&dir);
+    coordinator.stop().await;
+}
