@@ -3,6 +3,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --locked --all-targets --features client "$@"
+# Shuttle's thread interleavings of the real registry: a build with the
+# test-only `shuttle` feature (src/sync.rs), which only this target may use.
+cargo test --locked --features shuttle --test shuttle_registry
+# Fuzz smoke: every cargo-fuzz target, a fixed seeded number of runs
+# (installs cargo-fuzz if missing; about 4 minutes on a fresh machine).
+# RESPCOORD_SKIP_FUZZ_SMOKE=1 skips it for a quick local run.
+if [ "${RESPCOORD_SKIP_FUZZ_SMOKE:-0}" != 1 ]; then
+  ./scripts/fuzz.sh --smoke
+fi
 # Deployment: Dockerfile lint, every Kubernetes manifest rendered and
 # validated against the Kubernetes schemas, the Grafana dashboard's metric
 # names (deploy/README.md; installs its pinned tools into target/).
