@@ -20,7 +20,8 @@ use opentelemetry::{
 };
 use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracerProvider, Resource};
 use tracing_subscriber::{
-    filter::LevelFilter, fmt, layer::SubscriberExt, util::SubscriberInitExt, EnvFilter, Layer,
+    filter::{LevelFilter, Targets},
+    fmt, layer::SubscriberExt, util::SubscriberInitExt, EnvFilter, Layer,
 };
 
 use crate::config::LogFormat;
@@ -107,7 +108,7 @@ impl Telemetry {
 
 /// Installs the global subscriber: log lines filtered by `filter` (the
 /// `--log` flag) and, when `signals.traces`, an OTLP span pipeline fed with
-/// the RPC spans (INFO and above, whatever `--log` says). Must run inside
+/// the RPC spans (and anything at INFO and above, whatever `--log` says). Must run inside
 /// the tokio runtime.
 pub fn init(
     format: LogFormat,
@@ -136,7 +137,11 @@ pub fn init(
     let spans = tracer_provider.as_ref().map(|provider| {
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("respcoord"))
-            .with_filter(LevelFilter::INFO)
+            .with_filter(
+                Targets::new()
+                    .with_default(LevelFilter::INFO)
+                    .with_target(crate::grpc::observe::RPC_SPAN_TARGET, LevelFilter::DEBUG),
+            )
     });
     tracing_subscriber::registry()
         .with(logs.with_filter(filter))
