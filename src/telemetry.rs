@@ -21,7 +21,10 @@ use opentelemetry::{
 use opentelemetry_sdk::{propagation::TraceContextPropagator, trace::SdkTracerProvider, Resource};
 use tracing_subscriber::{
     filter::{LevelFilter, Targets},
-    fmt, layer::SubscriberExt, util::SubscriberInitExt, EnvFilter, Layer,
+    fmt,
+    layer::SubscriberExt,
+    util::SubscriberInitExt,
+    EnvFilter, Layer,
 };
 
 use crate::config::LogFormat;
