@@ -6,7 +6,7 @@ use crate::{
     error::CoordError,
     events::LifecycleEvent,
     ids::{response_id_or_zero, RequestId, ResponseId, SessionId},
-    machine::{CancelReason, Ending, EventKind, FinishStatus, Phase, Source, TeardownReason},
+    machine::{CancelReason, Ending, EventKind, FinishStatus, Phase, Source},
     proto::v1 as pb,
     registry::PageCursor,
     session::SessionSnapshot,
@@ -214,11 +214,7 @@ pub fn event(event: &LifecycleEvent) -> pb::LifecycleEvent {
             })
         }
         EventKind::Terminated { reason } => Kind::Terminated(pb::SessionTerminated {
-            reason: reason_to_proto(match reason {
-                TeardownReason::Shutdown => CancelReason::Shutdown,
-                TeardownReason::Expired => CancelReason::Expired,
-            })
-            .into(),
+            reason: reason_to_proto(reason.into()).into(),
         }),
     };
     pb::LifecycleEvent {
