@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::{
     auth::Tokens,
     grpc::WatchSettings,
+    nats::NatsSettings,
     registry::RegistryConfig,
     server::{Limits, Pem, TlsConfig},
 };
@@ -25,8 +26,29 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the embedded in-memory coordinator over gRPC.
+    /// Serve the coordinator over gRPC (embedded in-memory by default).
     Serve(ServeArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The embedded in-memory coordinator.
+    Memory,
+    /// A NATS JetStream key-value bucket shared by every replica.
+    Nats,
+}
+
+/// JetStream bucket names: letters, digits, `-` and `_`.
+fn bucket_name(raw: &str) -> Result<String, String> {
+    if !raw.is_empty()
+        && raw
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        Ok(raw.to_owned())
+    } else {
+        Err("must be letters, digits, '-' or '_'".into())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -65,6 +87,43 @@ pub struct ServeArgs {
     /// Address to serve gRPC on.
     #[arg(long, env = "RESPCOORD_LISTEN", default_value = "0.0.0.0:50051")]
     pub listen: SocketAddr,
+
+    /// Where sessions live: `memory` (this process is the one authority: run
+    /// exactly one) or `nats` (a JetStream key-value bucket is the authority:
+    /// run as many replicas as you like).
+    #[arg(long, env = "RESPCOORD_BACKEND", value_enum, default_value_t = Backend::Memory)]
+    pub backend: Backend,
+
+    /// NATS server(s) for `--backend nats`, comma-separated
+    /// (`nats://user:pass@host:4222`).
+    #[arg(long, env = "RESPCOORD_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+
+    /// The JetStream key-value bucket holding the sessions (created if absent).
+    #[arg(long, env = "RESPCOORD_NATS_BUCKET", default_value = "respcoord",
+          value_parser = bucket_name)]
+    pub nats_bucket: String,
+
+    /// JetStream replicas of the bucket when this process creates it (1, 3 or 5).
+    #[arg(long, env = "RESPCOORD_NATS_REPLICAS", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=5))]
+    pub nats_replicas: u64,
+
+    /// Entries kept per session in the bucket when this process creates it:
+    /// how many transitions back a Watch `after_revision` can resume (JetStream
+    /// caps it at 64).
+    #[arg(long, env = "RESPCOORD_NATS_HISTORY", default_value_t = 16,
+          value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub nats_history: u8,
+
+    /// Keep the bucket in NATS memory rather than on disk, when this process
+    /// creates it (lost if every NATS node restarts at once).
+    #[arg(long, env = "RESPCOORD_NATS_MEMORY_STORAGE")]
+    pub nats_memory_storage: bool,
+
+    /// Longest one JetStream request may take before the call is UNAVAILABLE.
+    #[arg(long, env = "RESPCOORD_NATS_TIMEOUT", default_value = "2s", value_parser = positive_duration)]
+    pub nats_timeout: Duration,
 
     /// A session no call names for this long is shut down with reason EXPIRED.
     #[arg(long, env = "RESPCOORD_SESSION_IDLE_TTL", default_value = "1h", value_parser = positive_duration)]
@@ -190,6 +249,17 @@ impl ServeArgs {
             global_history: size(self.global_history),
             session_watch_buffer: size(self.session_watch_buffer),
             watch_all_buffer: size(self.watch_all_buffer),
+        }
+    }
+
+    pub fn nats_settings(&self) -> NatsSettings {
+        NatsSettings {
+            url: self.nats_url.clone(),
+            bucket: self.nats_bucket.clone(),
+            replicas: usize::try_from(self.nats_replicas).unwrap_or(1),
+            history: self.nats_history,
+            request_timeout: self.nats_timeout,
+            memory_storage: self.nats_memory_storage,
         }
     }
 

@@ -39,6 +39,17 @@ pub enum CoordError {
 
     #[error("watcher limit of {max} reached: end another watch or raise --max-watchers")]
     WatcherLimit { max: usize },
+
+    /// The backend's store did not answer in time (a NATS node down, a
+    /// partition). A write may still have landed: retries are safe because
+    /// Start carries a request_id and Finish/Cancel/Shutdown are fenced.
+    #[error("coordinator store unavailable: {0}; retry with backoff")]
+    Unavailable(String),
+
+    /// Other replicas kept changing the session between this call's read and
+    /// its write; nothing was changed; retry.
+    #[error("session {0:?} is contended by other replicas; retry")]
+    Contended(SessionId),
 }
 
 impl CoordError {

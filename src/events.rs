@@ -67,6 +67,9 @@ pub struct EventLog {
     published_seq: AtomicU64,
     /// The seq "before the first event" of this process.
     base_seq: u64,
+    /// Bumped by [`EventLog::break_watches`]; a subscription whose channel
+    /// closes under a newer generation was cut off, not finished.
+    generation: AtomicU64,
 }
 
 struct LogInner {
@@ -76,6 +79,7 @@ struct LogInner {
     /// Every seq up to here has been dropped from `retained`.
     evicted_through: u64,
     watch_all: broadcast::Sender<SharedEvent>,
+    watch_all_capacity: usize,
 }
 
 impl EventLog {
@@ -88,9 +92,11 @@ impl EventLog {
                 retained_capacity: limits.retained_events,
                 evicted_through: base_seq,
                 watch_all,
+                watch_all_capacity: limits.watch_all_buffer.max(1),
             }),
             published_seq: AtomicU64::new(base_seq),
             base_seq,
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -136,6 +142,55 @@ impl EventLog {
         inner.next_seq = last_seq + 1;
         self.published_seq.store(last_seq, Ordering::Release);
         result
+    }
+
+    /// Publishes events that already carry their seqs: a backend whose order
+    /// is made elsewhere (NATS: the stream's). Events at or below the last
+    /// published seq are a redelivery and are dropped.
+    pub fn publish(
+        &self,
+        session_watchers: Option<&broadcast::Sender<SharedEvent>>,
+        events: &[SharedEvent],
+    ) {
+        let mut inner = self.lock();
+        for event in events {
+            if event.seq < inner.next_seq {
+                continue;
+            }
+            inner.retain(event.clone());
+            let _ = inner.watch_all.send(event.clone());
+            if let Some(watchers) = session_watchers {
+                let _ = watchers.send(event.clone());
+            }
+            inner.next_seq = event.seq + 1;
+            self.published_seq.store(event.seq, Ordering::Release);
+        }
+    }
+
+    /// Everything up to `seq` has been published (a stored write that carried
+    /// no event): bookmarks may promise it.
+    pub fn advance(&self, seq: u64) {
+        let mut inner = self.lock();
+        if seq >= inner.next_seq {
+            inner.next_seq = seq + 1;
+            self.published_seq.store(seq, Ordering::Release);
+        }
+    }
+
+    /// Ends every open watch-all as fallen behind (RESOURCE_EXHAUSTED, resume
+    /// from its last seq), and forgets the retained window: for a backend that
+    /// learns it lost events it can no longer deliver in order.
+    pub fn break_watches(&self) {
+        let mut inner = self.lock();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        let (watch_all, _) = broadcast::channel(inner.watch_all_capacity);
+        inner.watch_all = watch_all;
+        inner.retained.clear();
+        inner.evicted_through = inner.next_seq.saturating_sub(1);
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Watch every session from `after_seq` (replaying what is retained) or,
@@ -252,6 +307,8 @@ pub struct Subscription {
     finished: bool,
     last_seq: Option<u64>,
     last_revision: Option<u64>,
+    /// The log's generation when this watch opened (see `break_watches`).
+    generation: u64,
     _release: Option<OnDrop>,
 }
 
@@ -263,6 +320,7 @@ impl Subscription {
         log: Arc<EventLog>,
         release: Option<OnDrop>,
     ) -> Self {
+        let generation = log.generation();
         Self {
             backlog,
             live,
@@ -272,6 +330,7 @@ impl Subscription {
             finished: false,
             last_seq: None,
             last_revision: None,
+            generation,
             _release: release,
         }
     }
@@ -360,6 +419,9 @@ impl Subscription {
                 }
                 Ok(_) => {}
                 Err(RecvError::Lagged(missed)) => return Err(self.lagged(missed)),
+                Err(RecvError::Closed) if self.log.generation() != self.generation => {
+                    return Err(self.lagged(0))
+                }
                 Err(RecvError::Closed) => {
                     self.finished = true;
                     return Ok(Delivery::End);

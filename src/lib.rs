@@ -14,7 +14,13 @@
 //!   a caller's session scope (all sessions, or an id prefix).
 //!
 //! Shell:
-//! - [`registry`] — the sharded map of session actors; the expiry index.
+//! - [`backend`] — the seam the gRPC layer calls: the memory registry or the
+//!   NATS-backed cluster, both running the same pure record and machine.
+//! - [`registry`] — the sharded map of session actors; the expiry index
+//!   (the embedded in-memory backend).
+//! - [`nats`] — the NATS JetStream backend: a key-value bucket is the
+//!   authority, replicas write with compare-and-set, follow the bucket for
+//!   watches, and share one expirer by lease.
 //! - [`events`] — the event log: seq numbering, retention, fan-out to watchers.
 //! - [`stats`] — counters of what the registry did (per shard, summed on read).
 //! - [`grpc`] — proto <-> domain mapping and validation, the error-to-status
@@ -38,6 +44,7 @@
 //!   `respcoordctl` binary (src/bin) is built on it.
 
 pub mod auth;
+pub mod backend;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod config;
@@ -47,6 +54,7 @@ pub mod grpc;
 pub mod ids;
 pub mod machine;
 pub mod metrics;
+pub mod nats;
 pub mod proto;
 pub mod registry;
 pub mod server;

@@ -2,7 +2,10 @@ use std::{error::Error, process::ExitCode};
 
 use clap::Parser;
 use respcoord::{
-    config::{Cli, Command},
+    backend::Coordinator,
+    config::{Backend, Cli, Command},
+    nats::NatsCoordinator,
+    registry::Registry,
     server::{self, Listeners, ServeError, ServerConfig},
     telemetry::{self, OtlpSignals},
 };
@@ -71,7 +74,21 @@ fn main() -> ExitCode {
                 }
             },
         };
+        let coordinator: Coordinator = match args.backend {
+            Backend::Memory => Registry::new(args.registry_config()).into(),
+            Backend::Nats => {
+                let settings = args.nats_settings();
+                match NatsCoordinator::connect(&settings, args.registry_config()).await {
+                    Ok(nats) => nats.into(),
+                    Err(error) => {
+                        tracing::error!(error = %chain(&error), "cannot start the NATS backend");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
+        };
         tracing::info!(
+            backend = coordinator.backend_name(),
             listen = %args.listen,
             metrics_listen = ?args.metrics_listen,
             tls = tls.is_some(),
@@ -79,7 +96,7 @@ fn main() -> ExitCode {
             auth_tokens = args.auth_tokens.as_ref().map_or(0, |t| t.len()),
             otlp_traces = signals.traces,
             otlp_metrics = signals.metrics,
-            "respcoord serving (embedded in-memory coordinator)"
+            "respcoord serving"
         );
         let config = ServerConfig {
             registry: args.registry_config(),
@@ -91,7 +108,7 @@ fn main() -> ExitCode {
             otlp_metrics: signals.metrics,
         };
         let listeners = Listeners { grpc, metrics };
-        match server::serve(config, listeners, shutdown_signal()).await {
+        match server::serve_coordinator(coordinator, config, listeners, shutdown_signal()).await {
             Ok(()) => {
                 tracing::info!("stopped");
                 ExitCode::SUCCESS

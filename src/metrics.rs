@@ -45,7 +45,7 @@ use tokio::net::TcpListener;
 
 use crate::{
     grpc::watch::{WatchKind, WatchStats},
-    registry::Registry,
+    backend::Coordinator,
     stats::{TransitionKind, EVENT_KINDS},
 };
 
@@ -59,7 +59,7 @@ const DURATION_BUCKETS: [f64; 17] = [
 /// What the observed instruments read.
 #[derive(Clone)]
 pub struct Sources {
-    pub registry: Registry,
+    pub coordinator: Coordinator,
     pub watches: Arc<WatchStats>,
 }
 
@@ -173,7 +173,7 @@ impl Metrics {
 /// Registers the instruments read at collection time. The meter provider
 /// keeps their callbacks for its lifetime.
 fn observe(meter: &Meter, sources: Sources) {
-    let registry = sources.registry.clone();
+    let registry = sources.coordinator.clone();
     meter
         .u64_observable_counter("respcoord.transitions")
         .with_unit("{transition}")
@@ -189,7 +189,7 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let registry = sources.registry.clone();
+    let registry = sources.coordinator.clone();
     meter
         .i64_observable_up_down_counter("respcoord.sessions")
         .with_unit("{session}")
@@ -207,7 +207,7 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let registry = sources.registry.clone();
+    let registry = sources.coordinator.clone();
     meter
         .u64_observable_counter("respcoord.events")
         .with_unit("{event}")
@@ -220,7 +220,7 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let registry = sources.registry.clone();
+    let registry = sources.coordinator.clone();
     meter
         .u64_observable_counter("respcoord.sessions.expired")
         .with_unit("{session}")
@@ -228,7 +228,7 @@ fn observe(meter: &Meter, sources: Sources) {
         .with_callback(move |observer| observer.observe(registry.stats().expiries(), &[]))
         .build();
 
-    let registry = sources.registry;
+    let registry = sources.coordinator;
     meter
         .u64_observable_counter("respcoord.request_id.replays")
         .with_unit("{call}")

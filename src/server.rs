@@ -53,6 +53,7 @@ use crate::{
     grpc::{observe::ObserveLayer, status, CoordinatorService, WatchSettings},
     metrics::{self, Metrics, Readiness, Sources},
     proto::{self, v1::response_coordinator_server::ResponseCoordinatorServer},
+    backend::Coordinator,
     registry::{Registry, RegistryConfig},
 };
 
@@ -215,12 +216,19 @@ pub async fn serve(
     listeners: impl Into<Listeners>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    serve_registry(Registry::new(config.registry), config, listeners, shutdown).await
+    serve_coordinator(
+        Registry::new(config.registry).into(),
+        config,
+        listeners,
+        shutdown,
+    )
+    .await
 }
 
-/// As [`serve`], over a registry the caller already holds (tests inspect it).
-pub async fn serve_registry(
-    registry: Registry,
+/// As [`serve`], over a coordinator the caller built (the NATS backend, or a
+/// registry a test inspects).
+pub async fn serve_coordinator(
+    backend: Coordinator,
     config: ServerConfig,
     listeners: impl Into<Listeners>,
     shutdown: impl Future<Output = ()>,
@@ -244,10 +252,10 @@ pub async fn serve_registry(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    let service = CoordinatorService::new(registry.clone(), config.watch, stop.clone());
+    let service = CoordinatorService::new(backend.clone(), config.watch, stop.clone());
     let metrics = Arc::new(Metrics::new(
         Sources {
-            registry: registry.clone(),
+            coordinator: backend.clone(),
             watches: service.watch_stats(),
         },
         config.otlp_metrics,
@@ -271,9 +279,9 @@ pub async fn serve_registry(
     }
 
     let expiry = tokio::spawn({
-        let registry = registry.clone();
+        let backend = backend.clone();
         let stop = stop.clone();
-        async move { registry.run_expiry(stop.cancelled_owned()).await }
+        async move { backend.run(stop.cancelled_owned()).await }
     });
     let port_stop = CancellationToken::new();
     let port = listeners.metrics.map(|listener| {

@@ -74,6 +74,31 @@ impl AsRef<[SharedEvent]> for Applied {
     }
 }
 
+/// What a transition stamps on its events and mints for a Start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// The seq of the transition's first event.
+    pub first_seq: u64,
+    pub unix_nanos: i64,
+    /// The id a Start that is accepted gives its response; it must exceed
+    /// every id this session has used.
+    pub new_response: ResponseId,
+}
+
+/// A session's durable fields, for a backend that stores sessions outside
+/// the process (the NATS backend's key-value entry). Retained events and the
+/// expiry-index bookkeeping are not part of it: that backend keeps events in
+/// the bucket's per-key history instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Persisted {
+    pub phase: Phase,
+    pub revision: u64,
+    pub responses_started: u64,
+    /// Oldest first, at most [`REPLAY_WINDOW`].
+    pub replays: Vec<(RequestId, StartRecord)>,
+    pub since: Millis,
+}
+
 /// When the registry's expiry index should next look at a session, and what
 /// it finds then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,11 +208,36 @@ impl Session {
         history_limit: usize,
         now: Millis,
     ) -> Applied {
+        // The log's seqs start above zero, so this never fails; the fallback
+        // keeps the function total.
+        let new_response = ResponseId::new(first_seq).unwrap_or(ResponseId::MIN);
+        let stamp = Stamp {
+            first_seq,
+            unix_nanos,
+            new_response,
+        };
+        self.apply_stamped(session_id, call, stamp, history_limit, now)
+    }
+
+    /// As [`Session::apply`], for a backend whose response ids are not seqs
+    /// (the NATS backend learns an event's seq only once it is stored, so it
+    /// mints ids itself and stamps `first_seq` later).
+    pub fn apply_stamped(
+        &mut self,
+        session_id: &SessionId,
+        call: &Call,
+        stamp: Stamp,
+        history_limit: usize,
+        now: Millis,
+    ) -> Applied {
+        let Stamp {
+            first_seq,
+            unix_nanos,
+            new_response,
+        } = stamp;
         let input = match call {
             Call::Start { source, .. } => Input::Start {
-                // The log's seqs start above zero, so this never fails; the
-                // fallback keeps the function total.
-                new_response: ResponseId::new(first_seq).unwrap_or(ResponseId::MIN),
+                new_response,
                 source: *source,
             },
             Call::Finish { response, status } => Input::Finish {
@@ -302,6 +352,44 @@ impl Session {
                 })
             })
             .collect())
+    }
+
+    /// The durable fields (see [`Persisted`]).
+    pub fn persisted(&self) -> Persisted {
+        Persisted {
+            phase: self.phase,
+            revision: self.revision,
+            responses_started: self.responses_started,
+            replays: self
+                .replays
+                .as_deref()
+                .map(|r| r.iter().cloned().collect())
+                .unwrap_or_default(),
+            since: self.since,
+        }
+    }
+
+    /// A session from its durable fields, with no retained events. Replays
+    /// beyond the window keep the newest.
+    pub fn from_persisted(persisted: Persisted) -> Self {
+        let Persisted {
+            phase,
+            revision,
+            responses_started,
+            mut replays,
+            since,
+        } = persisted;
+        let excess = replays.len().saturating_sub(REPLAY_WINDOW);
+        replays.drain(..excess);
+        Self {
+            phase,
+            revision,
+            responses_started,
+            history: VecDeque::new(),
+            replays: (!replays.is_empty()).then(|| Box::new(replays.into())),
+            since,
+            expiry_entry: 0,
+        }
     }
 
     pub fn expiry_entry(&self) -> Millis {

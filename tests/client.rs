@@ -148,7 +148,7 @@ impl Coordinator {
         let registry = Registry::new(RegistryConfig::default());
         let counting = Counting {
             inner: Arc::new(CoordinatorService::new(
-                registry,
+                registry.into(),
                 WatchSettings::default(),
                 stop.clone(),
             )),

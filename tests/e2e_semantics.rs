@@ -342,7 +342,7 @@ async fn unknown_sessions_are_not_found_and_nothing_is_created() {
         .unwrap()
         .into_inner();
     assert!(list.sessions.is_empty());
-    assert_eq!(server.registry.session_count(), 0);
+    assert_eq!(server.coordinator.session_count(), 0);
     server.stop().await;
 }
 

@@ -102,7 +102,7 @@ async fn malformed_session_ids_are_invalid_on_every_rpc_and_change_nothing() {
     for (id, why) in bad_session_ids() {
         every_rpc(&mut c, &id, why).await;
     }
-    assert_eq!(server.registry.session_count(), 0);
+    assert_eq!(server.coordinator.session_count(), 0);
     assert_no_events(&mut all, Duration::from_millis(200)).await;
     // The boundaries themselves are accepted.
     start(&mut c, &"x".repeat(256)).await;

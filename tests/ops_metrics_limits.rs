@@ -94,10 +94,15 @@ async fn metrics_scrape_has_every_series_after_traffic() {
     let mut lagging = watch_all(&mut c, None).await;
     let busy = SessionId::parse("busy").unwrap();
     for _ in 0..30_000 {
-        let started = server.registry.start(&busy, Source::Vad, None).unwrap();
+        let started = server
+            .coordinator
+            .start(&busy, Source::Vad, None)
+            .await
+            .unwrap();
         server
-            .registry
+            .coordinator
             .finish(&busy, Some(started.response), FinishStatus::Completed)
+            .await
             .unwrap();
     }
     let (_, end) = drain(&mut lagging).await;

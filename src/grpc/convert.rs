@@ -8,7 +8,7 @@ use crate::{
     ids::{response_id_or_zero, RequestId, ResponseId, SessionId},
     machine::{CancelReason, Ending, EventKind, FinishStatus, Phase, Source},
     proto::v1 as pb,
-    registry::PageCursor,
+    backend::PageToken,
     session::SessionSnapshot,
 };
 
@@ -96,7 +96,7 @@ pub fn cancel(request: &pb::CancelRequest) -> Result<CancelArgs, CoordError> {
 
 pub struct ListArgs {
     pub page_size: usize,
-    pub cursor: Option<PageCursor>,
+    pub cursor: Option<PageToken>,
 }
 
 pub fn list(request: &pb::ListSessionsRequest) -> Result<ListArgs, CoordError> {
@@ -108,7 +108,7 @@ pub fn list(request: &pb::ListSessionsRequest) -> Result<ListArgs, CoordError> {
         None
     } else {
         Some(
-            PageCursor::decode(&request.page_token)
+            PageToken::decode(&request.page_token)
                 .map_err(|e| CoordError::invalid("page_token", e))?,
         )
     };

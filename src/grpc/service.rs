@@ -1,5 +1,5 @@
 //! The `ResponseCoordinator` service: validate, authorize, call the
-//! registry, translate.
+//! backend (`backend::Coordinator`), translate.
 //!
 //! Order of refusals on every call: authentication (the interceptor in front,
 //! UNAUTHENTICATED), validation (INVALID_ARGUMENT naming the field), the
@@ -25,13 +25,13 @@ use crate::{
     ids::{response_id_or_zero, SessionId},
     machine::Phase,
     proto::v1::{self as pb, response_coordinator_server::ResponseCoordinator},
-    registry::Registry,
+    backend::Coordinator,
 };
 
 pub use crate::grpc::watch::WatchSettings;
 
 pub struct CoordinatorService {
-    registry: Registry,
+    coordinator: Coordinator,
     watch: WatchSettings,
     /// Cancelled at shutdown: every open watch ends cleanly.
     shutdown: CancellationToken,
@@ -39,9 +39,13 @@ pub struct CoordinatorService {
 }
 
 impl CoordinatorService {
-    pub fn new(registry: Registry, watch: WatchSettings, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        coordinator: Coordinator,
+        watch: WatchSettings,
+        shutdown: CancellationToken,
+    ) -> Self {
         Self {
-            registry,
+            coordinator,
             watch,
             shutdown,
             watches: Arc::default(),
@@ -87,8 +91,9 @@ impl ResponseCoordinator for CoordinatorService {
         let args = convert::start(request.get_ref())?;
         authorized(&request, &args.session_id)?;
         let started = self
-            .registry
-            .start(&args.session_id, args.source, args.request_id)?;
+            .coordinator
+            .start(&args.session_id, args.source, args.request_id)
+            .await?;
         let outcome = match (started.replayed, started.superseded) {
             (true, _) => "replayed",
             (false, Some(_)) => "superseded",
@@ -111,8 +116,9 @@ impl ResponseCoordinator for CoordinatorService {
         let args = convert::finish(request.get_ref())?;
         authorized(&request, &args.session_id)?;
         let finished = self
-            .registry
-            .finish(&args.session_id, args.response, args.status)?;
+            .coordinator
+            .finish(&args.session_id, args.response, args.status)
+            .await?;
         record(
             if finished.result { "applied" } else { "stale" },
             response_id_or_zero(args.response),
@@ -129,7 +135,10 @@ impl ResponseCoordinator for CoordinatorService {
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let args = convert::cancel(request.get_ref())?;
         authorized(&request, &args.session_id)?;
-        let cancelled = self.registry.cancel(&args.session_id, args.only_if)?;
+        let cancelled = self
+            .coordinator
+            .cancel(&args.session_id, args.only_if)
+            .await?;
         record(
             if cancelled.result.is_some() {
                 "cancelled"
@@ -150,7 +159,7 @@ impl ResponseCoordinator for CoordinatorService {
     ) -> Result<Response<pb::ShutdownResponse>, Status> {
         let session_id = convert::session_id(&request.get_ref().session_id)?;
         authorized(&request, &session_id)?;
-        let shut = self.registry.shutdown(&session_id)?;
+        let shut = self.coordinator.shutdown(&session_id).await?;
         record("terminated", response_id_or_zero(shut.result));
         Ok(Response::new(pb::ShutdownResponse {
             cancelled_response_id: response_id_or_zero(shut.result),
@@ -164,7 +173,7 @@ impl ResponseCoordinator for CoordinatorService {
     ) -> Result<Response<pb::GetStateResponse>, Status> {
         let session_id = convert::session_id(&request.get_ref().session_id)?;
         authorized(&request, &session_id)?;
-        let state = self.registry.state(&session_id)?;
+        let state = self.coordinator.state(&session_id).await?;
         record(
             phase_name(state.phase),
             response_id_or_zero(state.phase.active().map(|a| a.id)),
@@ -179,9 +188,10 @@ impl ResponseCoordinator for CoordinatorService {
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let args = convert::list(request.get_ref())?;
-        let page =
-            self.registry
-                .list_scoped(&caller_scope(&request), args.page_size, args.cursor)?;
+        let page = self
+            .coordinator
+            .list(&caller_scope(&request), args.page_size, args.cursor)
+            .await?;
         record("listed", 0);
         Ok(Response::new(pb::ListSessionsResponse {
             sessions: page.sessions.iter().map(convert::state).collect(),
@@ -217,8 +227,12 @@ impl ResponseCoordinator for CoordinatorService {
             WatchTarget::Session {
                 session_id,
                 after_revision,
-            } => self.registry.watch_session(&session_id, after_revision)?,
-            WatchTarget::All { after_seq } => self.registry.watch_all_scoped(&scope, after_seq)?,
+            } => {
+                self.coordinator
+                    .watch_session(&session_id, after_revision)
+                    .await?
+            }
+            WatchTarget::All { after_seq } => self.coordinator.watch_all(&scope, after_seq)?,
         };
         let (tx, rx) = mpsc::channel(self.watch.stream_buffer.max(1));
         // The pump runs in the RPC's span: the span lasts as long as the

@@ -14,6 +14,8 @@ pub fn code(error: &CoordError) -> Code {
         | CoordError::WatcherLagged(_)
         | CoordError::WatcherLimit { .. } => Code::ResourceExhausted,
         CoordError::HistoryUnavailable { .. } => Code::OutOfRange,
+        CoordError::Unavailable(_) => Code::Unavailable,
+        CoordError::Contended(_) => Code::Aborted,
     }
 }
 

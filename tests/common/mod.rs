@@ -10,6 +10,8 @@ use respcoord::{
     proto::v1::{
         self as pb, lifecycle_event::Kind, response_coordinator_client::ResponseCoordinatorClient,
     },
+    backend::Coordinator,
+    nats::{NatsCoordinator, NatsSettings},
     registry::{Registry, RegistryConfig},
     server::{self, ServerConfig},
 };
@@ -26,7 +28,9 @@ pub struct TestServer {
     pub addr: SocketAddr,
     /// The metrics port (`/metrics`, `/healthz`, `/readyz`).
     pub metrics_addr: SocketAddr,
-    pub registry: Registry,
+    pub coordinator: Coordinator,
+    /// The bucket, when the suite runs against the NATS backend.
+    pub bucket: Option<String>,
     stop: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<Result<(), server::ServeError>>>,
 }
@@ -60,10 +64,10 @@ impl TestServer {
             grpc: listener,
             metrics: Some(metrics),
         };
-        let registry = Registry::new(config.registry);
+        let (coordinator, bucket) = coordinator_for_tests(config.registry).await;
         let (stop, stopped) = oneshot::channel::<()>();
-        let handle = tokio::spawn(server::serve_registry(
-            registry.clone(),
+        let handle = tokio::spawn(server::serve_coordinator(
+            coordinator.clone(),
             config,
             listener,
             async move {
@@ -73,10 +77,15 @@ impl TestServer {
         Self {
             addr,
             metrics_addr,
-            registry,
+            coordinator,
+            bucket,
             stop: Some(stop),
             handle: Some(handle),
         }
+    }
+
+    pub fn backend(&self) -> &'static str {
+        self.coordinator.backend_name()
     }
 
     pub fn endpoint(&self) -> String {
@@ -107,6 +116,57 @@ impl TestServer {
                 .expect("server task");
             result.expect("server exits cleanly");
         }
+    }
+}
+
+/// Which backend the end-to-end suites run against: `RESPCOORD_TEST_BACKEND`
+/// (`memory`, the default, or `nats`); `scripts/test.sh` runs them with both.
+pub fn test_backend() -> String {
+    std::env::var("RESPCOORD_TEST_BACKEND").unwrap_or_else(|_| "memory".into())
+}
+
+/// NATS for the suites: `RESPCOORD_TEST_NATS_URL`, default loopback.
+pub fn test_nats_url() -> String {
+    std::env::var("RESPCOORD_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// A bucket name no other test (or earlier run) uses.
+pub fn fresh_bucket() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "t{}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000_000,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// NATS settings for a test bucket (in NATS memory: nothing left on disk).
+pub fn test_nats_settings(bucket: &str, config: &RegistryConfig) -> NatsSettings {
+    NatsSettings {
+        url: test_nats_url(),
+        bucket: bucket.to_owned(),
+        replicas: 1,
+        history: u8::try_from(config.session_history.clamp(1, 64)).unwrap_or(64),
+        request_timeout: Duration::from_secs(5),
+        memory_storage: true,
+    }
+}
+
+async fn coordinator_for_tests(config: RegistryConfig) -> (Coordinator, Option<String>) {
+    match test_backend().as_str() {
+        "nats" => {
+            let bucket = fresh_bucket();
+            let nats = NatsCoordinator::connect(&test_nats_settings(&bucket, &config), config)
+                .await
+                .unwrap_or_else(|e| panic!("NATS backend for tests: {e}"));
+            (nats.into(), Some(bucket))
+        }
+        _ => (Registry::new(config).into(), None),
     }
 }
 

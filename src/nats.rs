@@ -1,0 +1,737 @@
+//! The NATS JetStream backend: any number of coordinator replicas share one
+//! key-value bucket, which is the authority; no replica holds state another
+//! needs, so any may die or roll at any time.
+//!
+//! A call on a session: take this replica's local lock for the session (calls
+//! on one session within a replica queue here instead of fighting over
+//! compare-and-set), read the session's entry from the stream leader, run the
+//! pure record and machine (`session::Session::apply_stamped`, the same code
+//! the memory backend runs), and write the new entry with compare-and-set on
+//! the revision that was read. A conflict (another replica wrote first, or
+//! the read was stale) costs one retry; nothing is written twice. The entry
+//! carries the new state and the transition's events (`entry`), so the reply
+//! is sent only once both are durable in the bucket.
+//!
+//! Watches are served from every replica's mirror of the bucket (`mirror`);
+//! session watches read their backlog from the key's history in the bucket.
+//! Expiry runs on the one replica holding the expirer lease (`expiry`), and is
+//! decided per session by the same pure check inside the same compare-and-set
+//! path, so even two expirers at once could not expire a session twice.
+//!
+//! See `docs/cluster.md` for the consistency each call gets and what each
+//! failure does.
+
+mod entry;
+mod expiry;
+mod mirror;
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Arc, PoisonError},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use async_nats::jetstream::{
+    self,
+    kv::{self, Operation, UpdateErrorKind},
+    stream::{DiscardPolicy, StorageType},
+};
+use tokio_stream::StreamExt as _;
+use tokio_util::sync::CancellationToken;
+
+pub use entry::SEQS_PER_WRITE;
+
+use crate::{
+    backend::{PageToken, SessionPage},
+    error::CoordError,
+    events::{EventLog, LogLimits, Subscription},
+    ids::{RequestId, ResponseId, SessionId, SessionScope},
+    machine::{FinishStatus, Outcome, Phase, Source, TeardownReason},
+    nats::mirror::Mirror,
+    registry::{Changed, RegistryConfig, Started},
+    session::{Call, ExpiryCheck, Millis, Session, SessionSnapshot, StartRecord, Stamp, Ttls},
+    stats::CoordStats,
+    sync::Mutex,
+};
+
+/// How to reach and lay out the bucket.
+#[derive(Clone, Debug)]
+pub struct NatsSettings {
+    /// `nats://host:port`, comma-separated for several seed servers.
+    pub url: String,
+    pub bucket: String,
+    /// JetStream replicas of the bucket's stream (1, 3 or 5).
+    pub replicas: usize,
+    /// Entries kept per session key: the window for Watch `after_revision`
+    /// resume, in transitions (at most 64, JetStream's per-key cap).
+    pub history: u8,
+    /// Longest a single JetStream request may take before the call is
+    /// answered UNAVAILABLE.
+    pub request_timeout: Duration,
+    /// Keep the bucket in memory instead of on disk (when this process
+    /// creates it): faster, and lost if every NATS node restarts at once.
+    pub memory_storage: bool,
+}
+
+impl Default for NatsSettings {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            bucket: "respcoord".into(),
+            replicas: 1,
+            history: 16,
+            request_timeout: Duration::from_secs(2),
+            memory_storage: false,
+        }
+    }
+}
+
+/// Why the backend could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NatsError {
+    #[error("cannot connect to NATS at {url}: {reason}")]
+    Connect { url: String, reason: String },
+    #[error("bucket {bucket:?}: {reason}")]
+    Bucket { bucket: String, reason: String },
+    #[error("reading bucket {bucket:?} at startup: {reason}")]
+    Load { bucket: String, reason: String },
+}
+
+/// Compare-and-set attempts per call before it is answered ABORTED.
+const MAX_ATTEMPTS: usize = 32;
+
+/// A replica of the NATS-backed coordinator: cheap to clone.
+#[derive(Clone)]
+pub struct NatsCoordinator {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    kv: kv::Store,
+    stream: jetstream::stream::Stream,
+    mirror: Arc<Mirror>,
+    locks: KeyedLocks,
+    config: RegistryConfig,
+    /// TTLs as the pure expiry check applies them: the idle TTL plus the
+    /// touch interval (see `touch_interval`), so a session whose last touch
+    /// was not written never expires early.
+    ttls: Ttls,
+    touch_interval: Millis,
+    /// Transitions this replica applied, for the metrics.
+    stats: Mutex<CoordStats>,
+    /// Names this replica in the expirer lease.
+    replica: String,
+    follower: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.follower.cancel();
+    }
+}
+
+fn unix_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+fn unix_millis() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn millis(duration: Duration) -> Millis {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn unavailable(error: impl std::fmt::Display) -> CoordError {
+    CoordError::Unavailable(error.to_string())
+}
+
+/// A session's entry as read: its stored record, or nothing (never created,
+/// or forgotten) with the revision a create must expect.
+enum Read {
+    Live { revision: u64, entry: entry::Entry },
+    Absent { revision: u64 },
+}
+
+impl NatsCoordinator {
+    /// Connects, creates the bucket if it does not exist, loads the mirror
+    /// and starts following the bucket.
+    pub async fn connect(settings: &NatsSettings, config: RegistryConfig) -> Result<Self, NatsError> {
+        let client = async_nats::ConnectOptions::new()
+            .name("respcoord")
+            .connection_timeout(settings.request_timeout.max(Duration::from_secs(1)))
+            .request_timeout(Some(settings.request_timeout))
+            .connect(settings.url.as_str())
+            .await
+            .map_err(|e| NatsError::Connect {
+                url: settings.url.clone(),
+                reason: e.to_string(),
+            })?;
+        let mut js = jetstream::new(client);
+        js.set_timeout(settings.request_timeout);
+        let bucket_error = |reason: String| NatsError::Bucket {
+            bucket: settings.bucket.clone(),
+            reason,
+        };
+        let stream = ensure_bucket(&js, settings).await.map_err(bucket_error)?;
+        let kv = js
+            .get_key_value(settings.bucket.as_str())
+            .await
+            .map_err(|e| bucket_error(e.to_string()))?;
+        let subject_prefix = format!("$KV.{}.", settings.bucket);
+        let state = mirror::load(&stream, &subject_prefix)
+            .await
+            .map_err(|reason| NatsError::Load {
+                bucket: settings.bucket.clone(),
+                reason,
+            })?;
+        // Watch-all resume (`after_seq`) reaches back to this replica's boot:
+        // older events are in the bucket only as the latest state.
+        let base_seq = entry::last_seq_of_write(state.stream_seq());
+        let log = Arc::new(EventLog::new(
+            base_seq,
+            LogLimits {
+                retained_events: config.global_history,
+                watch_all_buffer: config.watch_all_buffer,
+            },
+        ));
+        let mirror = Arc::new(Mirror::new(state, log, config.session_watch_buffer));
+        let follower = CancellationToken::new();
+        tokio::spawn(mirror::follow(
+            stream.clone(),
+            Arc::clone(&mirror),
+            subject_prefix,
+            follower.clone(),
+        ));
+        let touch_interval = (millis(config.idle_ttl) / 8).clamp(1, 60_000);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                kv,
+                stream,
+                mirror,
+                locks: KeyedLocks::new(config.shards),
+                ttls: Ttls {
+                    idle: millis(config.idle_ttl).saturating_add(touch_interval),
+                    tombstone: millis(config.tombstone_ttl),
+                },
+                touch_interval,
+                config,
+                stats: Mutex::default(),
+                replica: format!("{:016x}", unix_nanos() as u64 ^ u64::from(std::process::id())),
+                follower,
+            }),
+        })
+    }
+
+    pub async fn start(
+        &self,
+        id: &SessionId,
+        source: Source,
+        request_id: Option<RequestId>,
+    ) -> Result<Started, CoordError> {
+        let call = Call::Start { source, request_id };
+        let (outcome, state, replay) = self.inner.call(id, &call, true).await?;
+        if let Some(record) = replay {
+            return Ok(Started {
+                response: record.response,
+                superseded: record.superseded,
+                replayed: true,
+                state,
+            });
+        }
+        match outcome {
+            Outcome::Started {
+                response,
+                superseded,
+            } => Ok(Started {
+                response,
+                superseded,
+                replayed: false,
+                state,
+            }),
+            _ => Err(CoordError::SessionTerminated(id.clone())),
+        }
+    }
+
+    pub async fn finish(
+        &self,
+        id: &SessionId,
+        response: Option<ResponseId>,
+        status: FinishStatus,
+    ) -> Result<Changed<bool>, CoordError> {
+        let call = Call::Finish { response, status };
+        let (outcome, state, _) = self.inner.call(id, &call, false).await?;
+        Ok(Changed {
+            result: matches!(outcome, Outcome::Finished { applied: true }),
+            state,
+        })
+    }
+
+    pub async fn cancel(
+        &self,
+        id: &SessionId,
+        only_if: Option<ResponseId>,
+    ) -> Result<Changed<Option<ResponseId>>, CoordError> {
+        let (outcome, state, _) = self
+            .inner
+            .call(id, &Call::Cancel { only_if }, false)
+            .await?;
+        let cancelled = match outcome {
+            Outcome::Cancelled { cancelled } => cancelled,
+            _ => None,
+        };
+        Ok(Changed {
+            result: cancelled,
+            state,
+        })
+    }
+
+    pub async fn shutdown(&self, id: &SessionId) -> Result<Changed<Option<ResponseId>>, CoordError> {
+        let call = Call::Teardown {
+            reason: TeardownReason::Shutdown,
+        };
+        let (outcome, state, _) = self.inner.call(id, &call, true).await?;
+        let cancelled = match outcome {
+            Outcome::TornDown { cancelled } => cancelled,
+            _ => None,
+        };
+        Ok(Changed {
+            result: cancelled,
+            state,
+        })
+    }
+
+    /// GetState: read from the stream leader, so it sees every acknowledged
+    /// write. Counts as a call for idle expiry (a touch is written when the
+    /// stored one is older than the touch interval).
+    pub async fn state(&self, id: &SessionId) -> Result<SessionSnapshot, CoordError> {
+        self.inner.touch(id).await
+    }
+
+    /// ListSessions from this replica's mirror, after it has caught up with
+    /// everything the bucket held when the call arrived (so a client sees
+    /// its own acknowledged writes), in session id order.
+    pub async fn list(
+        &self,
+        scope: &SessionScope,
+        page_size: usize,
+        after: Option<SessionId>,
+    ) -> Result<SessionPage, CoordError> {
+        let info = self.inner.stream.get_info().await.map_err(unavailable)?;
+        let target = info.state.last_sequence;
+        tokio::time::timeout(
+            self.inner.kv_timeout(),
+            self.inner.mirror.caught_up_to(target),
+        )
+        .await
+        .map_err(|_| unavailable("this replica's view of the bucket is behind; retry"))?;
+        let (sessions, next, seq) = self
+            .inner
+            .mirror
+            .list(scope, page_size.max(1), after.as_ref());
+        Ok(SessionPage {
+            sessions,
+            next: next.map(PageToken::AfterId),
+            seq,
+        })
+    }
+
+    /// Watch one session: its retained entries with revision above
+    /// `after_revision` from the key's history in the bucket, then live
+    /// events from this replica's mirror, with no gap and no duplicate
+    /// (subscribed before the bucket is read; live events at or below what
+    /// the backlog covered are skipped).
+    pub async fn watch_session(
+        &self,
+        id: &SessionId,
+        after_revision: Option<u64>,
+    ) -> Result<Subscription, CoordError> {
+        let (live, release) = self.inner.mirror.subscribe_session(id);
+        let key = entry::key(id);
+        let read = self.inner.read(&key).await?;
+        let (current, terminated) = match &read {
+            Read::Live { entry, .. } => (
+                entry.persisted.revision,
+                entry.persisted.phase == Phase::Terminated,
+            ),
+            Read::Absent { .. } => (0, false),
+        };
+        let backlog = match after_revision {
+            Some(after) if after < current => self.inner.history_after(id, &key, after).await?,
+            _ => VecDeque::new(),
+        };
+        let skip_through = after_revision.unwrap_or(0).max(current);
+        Ok(self
+            .inner
+            .mirror
+            .session_subscription(backlog, live, release, skip_through, terminated))
+    }
+
+    pub fn watch_all(
+        &self,
+        scope: &SessionScope,
+        after_seq: Option<u64>,
+    ) -> Result<Subscription, CoordError> {
+        self.inner.mirror.watch_all(scope, after_seq)
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.inner.mirror.session_count()
+    }
+
+    pub fn stats(&self) -> CoordStats {
+        let mut stats = *self.inner.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        stats.sessions = self.inner.mirror.counts();
+        stats
+    }
+
+    /// The last stream sequence this replica's mirror has applied.
+    pub fn mirror_stream_seq(&self) -> u64 {
+        self.inner.mirror.stream_seq()
+    }
+
+    /// Runs the expirer (when this replica holds the lease) until `stop`.
+    pub async fn run(&self, stop: impl std::future::Future<Output = ()>) {
+        expiry::run(self.clone(), stop).await;
+        self.inner.follower.cancel();
+    }
+}
+
+/// Creates the bucket's stream if it does not exist, with direct gets off so
+/// every read goes to the stream leader (a follower may lag, and a stale read
+/// would show a caller a state older than its own acknowledged write).
+async fn ensure_bucket(
+    js: &jetstream::Context,
+    settings: &NatsSettings,
+) -> Result<jetstream::stream::Stream, String> {
+    let name = format!("KV_{}", settings.bucket);
+    if let Ok(stream) = js.get_stream(&name).await {
+        if stream.cached_info().config.allow_direct {
+            tracing::warn!(bucket = %settings.bucket, "bucket allows direct gets: GetState may be served by a lagging replica");
+        }
+        return Ok(stream);
+    }
+    let config = jetstream::stream::Config {
+        name,
+        description: Some("respcoord sessions (one entry per session)".into()),
+        subjects: vec![format!("$KV.{}.>", settings.bucket)],
+        max_messages_per_subject: i64::from(settings.history.clamp(1, 64)),
+        storage: if settings.memory_storage {
+            StorageType::Memory
+        } else {
+            StorageType::File
+        },
+        num_replicas: settings.replicas.max(1),
+        discard: DiscardPolicy::New,
+        allow_rollup: true,
+        deny_delete: true,
+        deny_purge: false,
+        allow_direct: false,
+        ..Default::default()
+    };
+    match js.create_stream(config).await {
+        Ok(stream) => Ok(stream),
+        // Another replica created it first.
+        Err(error) => js.get_stream(format!("KV_{}", settings.bucket)).await.map_err(|_| error.to_string()),
+    }
+}
+
+impl Inner {
+    fn kv_timeout(&self) -> Duration {
+        Duration::from_secs(10)
+    }
+
+    async fn read(&self, key: &str) -> Result<Read, CoordError> {
+        match self.kv.entry(key).await.map_err(unavailable)? {
+            None => Ok(Read::Absent { revision: 0 }),
+            Some(stored) if stored.operation != Operation::Put => Ok(Read::Absent {
+                revision: stored.revision,
+            }),
+            Some(stored) => match entry::decode(&stored.value) {
+                Ok(entry) => Ok(Read::Live {
+                    revision: stored.revision,
+                    entry,
+                }),
+                Err(error) => Err(CoordError::Unavailable(format!(
+                    "the stored entry of this session is unreadable ({error}); it needs an operator"
+                ))),
+            },
+        }
+    }
+
+    /// Writes `value` if the key is still at `expected`; `Ok(false)` on a
+    /// conflict.
+    async fn write(&self, key: &str, value: bytes::Bytes, expected: u64) -> Result<bool, CoordError> {
+        match self.kv.update(key, value, expected).await {
+            Ok(_) => Ok(true),
+            Err(error) if error.kind() == UpdateErrorKind::WrongLastRevision => Ok(false),
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    /// The one path every call that may change a session takes.
+    async fn call(
+        &self,
+        id: &SessionId,
+        call: &Call,
+        creates: bool,
+    ) -> Result<(Outcome, SessionSnapshot, Option<StartRecord>), CoordError> {
+        let _serialized = self.locks.lock(id).await;
+        let key = entry::key(id);
+        for _ in 0..MAX_ATTEMPTS {
+            let now = unix_millis();
+            let (expected, mut session, mut last_response, stored_since, created) =
+                match self.read(&key).await? {
+                    Read::Live { revision, entry } => (
+                        revision,
+                        Session::from_persisted(entry.persisted.clone()),
+                        entry.last_response,
+                        Some(entry.persisted.since),
+                        false,
+                    ),
+                    Read::Absent { .. } if !creates => {
+                        return Err(CoordError::SessionNotFound(id.clone()))
+                    }
+                    Read::Absent { revision } => {
+                        let max = self.config.max_sessions;
+                        if self.mirror.session_count() >= max {
+                            return Err(CoordError::SessionLimit { max });
+                        }
+                        (revision, Session::new(now), 0, None, true)
+                    }
+                };
+            session.touch(now);
+            if let Call::Start {
+                request_id: Some(request_id),
+                ..
+            } = call
+            {
+                if let Some(record) = session.replayed(request_id) {
+                    self.count(|stats| stats.replayed());
+                    let outcome = Outcome::Started {
+                        response: record.response,
+                        superseded: record.superseded,
+                    };
+                    return Ok((outcome, session.snapshot(id), Some(record)));
+                }
+            }
+            let nanos = unix_nanos();
+            // Ids keep rising within a session and, being wall-clock
+            // nanoseconds at least, across a forgotten session's successor
+            // (see docs/cluster.md on clocks).
+            let minted = last_response
+                .saturating_add(1)
+                .max(u64::try_from(nanos).unwrap_or(0));
+            let stamp = Stamp {
+                first_seq: 0,
+                unix_nanos: nanos,
+                new_response: ResponseId::new(minted).unwrap_or(ResponseId::MIN),
+            };
+            let before = session.phase();
+            let applied = session.apply_stamped(id, call, stamp, 0, now);
+            if let Outcome::Started { response, .. } = applied.outcome {
+                last_response = response.get();
+            }
+            let touch_due =
+                stored_since.is_some_and(|since| now.saturating_sub(since) >= self.touch_interval);
+            if applied.events.is_empty() && !created && !touch_due {
+                return Ok((applied.outcome, session.snapshot(id), None));
+            }
+            let kinds: Vec<_> = applied.events.iter().map(|e| e.kind).collect();
+            let value = entry::encode(&session.persisted(), last_response, &kinds, nanos);
+            if self.write(&key, value, expected).await? {
+                self.count(|stats| {
+                    if created {
+                        stats.created();
+                    }
+                    stats.applied(before, call, &applied, session.phase());
+                });
+                return Ok((applied.outcome, session.snapshot(id), None));
+            }
+        }
+        Err(CoordError::Contended(id.clone()))
+    }
+
+    /// GetState's read, with the touch it counts as.
+    async fn touch(&self, id: &SessionId) -> Result<SessionSnapshot, CoordError> {
+        let _serialized = self.locks.lock(id).await;
+        let key = entry::key(id);
+        for _ in 0..MAX_ATTEMPTS {
+            let (revision, entry) = match self.read(&key).await? {
+                Read::Live { revision, entry } => (revision, entry),
+                Read::Absent { .. } => return Err(CoordError::SessionNotFound(id.clone())),
+            };
+            let now = unix_millis();
+            let mut session = Session::from_persisted(entry.persisted.clone());
+            let snapshot = session.snapshot(id);
+            if entry.persisted.phase == Phase::Terminated
+                || now.saturating_sub(entry.persisted.since) < self.touch_interval
+            {
+                return Ok(snapshot);
+            }
+            session.touch(now);
+            let value = entry::encode(&session.persisted(), entry.last_response, &[], entry.unix_nanos);
+            if self.write(&key, value, revision).await? {
+                return Ok(snapshot);
+            }
+        }
+        Err(CoordError::Contended(id.clone()))
+    }
+
+    /// Expires or forgets `id` if, read fresh from the bucket, it is due.
+    async fn expire(&self, id: &SessionId) -> Result<(), CoordError> {
+        let _serialized = self.locks.lock(id).await;
+        let key = entry::key(id);
+        for _ in 0..MAX_ATTEMPTS {
+            let (revision, entry) = match self.read(&key).await? {
+                Read::Live { revision, entry } => (revision, entry),
+                Read::Absent { .. } => return Ok(()),
+            };
+            let now = unix_millis();
+            let mut session = Session::from_persisted(entry.persisted.clone());
+            match session.expiry_check(now, self.ttls) {
+                ExpiryCheck::NotBefore(_) => return Ok(()),
+                ExpiryCheck::Forget => {
+                    match self.kv.purge_expect_revision(&key, Some(revision)).await {
+                        Ok(()) => {
+                            tracing::debug!(session_id = %id, "forgot terminated session");
+                            return Ok(());
+                        }
+                        Err(error) if error.to_string().contains("wrong last sequence") => continue,
+                        Err(error) => return Err(unavailable(error)),
+                    }
+                }
+                ExpiryCheck::Expire => {
+                    let call = Call::Teardown {
+                        reason: TeardownReason::Expired,
+                    };
+                    let nanos = unix_nanos();
+                    let stamp = Stamp {
+                        first_seq: 0,
+                        unix_nanos: nanos,
+                        new_response: ResponseId::MIN,
+                    };
+                    let before = session.phase();
+                    let applied = session.apply_stamped(id, &call, stamp, 0, now);
+                    let kinds: Vec<_> = applied.events.iter().map(|e| e.kind).collect();
+                    let value =
+                        entry::encode(&session.persisted(), entry.last_response, &kinds, nanos);
+                    if self.write(&key, value, revision).await? {
+                        self.count(|stats| stats.applied(before, &call, &applied, session.phase()));
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        Err(CoordError::Contended(id.clone()))
+    }
+
+    /// The session's events with revision above `after` from the key's
+    /// history in the bucket, or OUT_OF_RANGE when they are no longer there.
+    async fn history_after(
+        &self,
+        id: &SessionId,
+        key: &str,
+        after: u64,
+    ) -> Result<VecDeque<crate::events::SharedEvent>, CoordError> {
+        let mut history = self.kv.history(key).await.map_err(unavailable)?;
+        let mut events: Vec<crate::events::SharedEvent> = Vec::new();
+        let mut oldest_seen: Option<u64> = None;
+        while let Some(stored) = history.next().await {
+            let stored = stored.map_err(unavailable)?;
+            if stored.operation != Operation::Put {
+                // The session was forgotten here: what follows is a new one.
+                events.clear();
+                oldest_seen = None;
+                continue;
+            }
+            let Ok(entry) = entry::decode(&stored.value) else {
+                continue;
+            };
+            if entry.events.is_empty() {
+                continue;
+            }
+            oldest_seen.get_or_insert(entry.first_revision());
+            events.extend(
+                entry
+                    .lifecycle_events(id, stored.revision)
+                    .into_iter()
+                    .filter(|event| event.revision > after),
+            );
+            if stored.delta == 0 {
+                break;
+            }
+        }
+        match oldest_seen {
+            Some(oldest) if oldest > after + 1 => Err(CoordError::HistoryUnavailable {
+                field: "after_revision",
+                requested: after,
+                oldest_available: oldest - 1,
+            }),
+            _ => Ok(events.into()),
+        }
+    }
+
+    fn count(&self, f: impl FnOnce(&mut CoordStats)) {
+        f(&mut self.stats.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+}
+
+/// Per-session async locks, so calls on one session within this replica run
+/// one at a time (they would only fight over compare-and-set otherwise).
+/// An entry exists only while some call holds or waits for it.
+struct KeyedLocks {
+    shards: Box<[Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>]>,
+}
+
+struct KeyedGuard<'a> {
+    locks: &'a KeyedLocks,
+    id: SessionId,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for KeyedGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut shard = self.locks.shard(&self.id);
+        if shard
+            .get(&self.id)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        {
+            shard.remove(&self.id);
+        }
+    }
+}
+
+impl KeyedLocks {
+    fn new(shards: usize) -> Self {
+        Self {
+            shards: (0..shards.max(1)).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    fn shard(
+        &self,
+        id: &SessionId,
+    ) -> crate::sync::MutexGuard<'_, HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(id.as_str());
+        self.shards[(hash % self.shards.len() as u64) as usize]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn lock(&self, id: &SessionId) -> KeyedGuard<'_> {
+        let lock = Arc::clone(self.shard(id).entry(id.clone()).or_default());
+        let guard = lock.lock_owned().await;
+        KeyedGuard {
+            locks: self,
+            id: id.clone(),
+            guard: Some(guard),
+        }
+    }
+}
