@@ -52,6 +52,16 @@ impl TestServer {
 
     /// A server with every knob given, and a metrics port.
     pub async fn with_config(config: ServerConfig) -> Self {
+        let (coordinator, bucket) = coordinator_for_tests(config.registry).await;
+        Self::serving(coordinator, bucket, config).await
+    }
+
+    /// Serves `coordinator` (a NATS replica a cluster test built, say).
+    pub async fn serving(
+        coordinator: Coordinator,
+        bucket: Option<String>,
+        config: ServerConfig,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind loopback");
@@ -64,7 +74,6 @@ impl TestServer {
             grpc: listener,
             metrics: Some(metrics),
         };
-        let (coordinator, bucket) = coordinator_for_tests(config.registry).await;
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(server::serve_coordinator(
             coordinator.clone(),
@@ -102,6 +111,16 @@ impl TestServer {
 
     pub async fn client(&self) -> Client {
         ResponseCoordinatorClient::new(self.channel().await)
+    }
+
+    /// Kills the server as a crash would: no drain, no goodbye; its
+    /// in-flight calls and open watches are cut off.
+    pub async fn kill(mut self) {
+        self.stop.take();
+        if let Some(handle) = self.handle.take() {
+            handle.abort();
+            let _ = handle.await;
+        }
     }
 
     /// Triggers graceful shutdown and waits for the server to finish.
