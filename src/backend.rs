@@ -88,7 +88,8 @@ impl PageToken {
     }
 }
 
-const OTHER_BACKEND: &str = "was issued by a coordinator with another backend; list again from the start";
+const OTHER_BACKEND: &str =
+    "was issued by a coordinator with another backend; list again from the start";
 
 impl Coordinator {
     pub async fn start(

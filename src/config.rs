@@ -96,7 +96,11 @@ pub struct ServeArgs {
 
     /// NATS server(s) for `--backend nats`, comma-separated
     /// (`nats://user:pass@host:4222`).
-    #[arg(long, env = "RESPCOORD_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    #[arg(
+        long,
+        env = "RESPCOORD_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
     pub nats_url: String,
 
     /// The JetStream key-value bucket holding the sessions (created if absent).

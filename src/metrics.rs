@@ -44,8 +44,8 @@ use opentelemetry_sdk::metrics::SdkMeterProvider;
 use tokio::net::TcpListener;
 
 use crate::{
-    grpc::watch::{WatchKind, WatchStats},
     backend::Coordinator,
+    grpc::watch::{WatchKind, WatchStats},
     stats::{TransitionKind, EVENT_KINDS},
 };
 

@@ -49,7 +49,7 @@ use crate::{
     machine::{FinishStatus, Outcome, Phase, Source, TeardownReason},
     nats::mirror::Mirror,
     registry::{Changed, RegistryConfig, Started},
-    session::{Call, ExpiryCheck, Millis, Session, SessionSnapshot, StartRecord, Stamp, Ttls},
+    session::{Call, ExpiryCheck, Millis, Session, SessionSnapshot, Stamp, StartRecord, Ttls},
     stats::CoordStats,
     sync::Mutex,
 };
@@ -160,7 +160,10 @@ enum Read {
 impl NatsCoordinator {
     /// Connects, creates the bucket if it does not exist, loads the mirror
     /// and starts following the bucket.
-    pub async fn connect(settings: &NatsSettings, config: RegistryConfig) -> Result<Self, NatsError> {
+    pub async fn connect(
+        settings: &NatsSettings,
+        config: RegistryConfig,
+    ) -> Result<Self, NatsError> {
         let client = async_nats::ConnectOptions::new()
             .name("respcoord")
             .connection_timeout(settings.request_timeout.max(Duration::from_secs(1)))
@@ -221,7 +224,10 @@ impl NatsCoordinator {
                 touch_interval,
                 config,
                 stats: Mutex::default(),
-                replica: format!("{:016x}", unix_nanos() as u64 ^ u64::from(std::process::id())),
+                replica: format!(
+                    "{:016x}",
+                    unix_nanos() as u64 ^ u64::from(std::process::id())
+                ),
                 follower,
             }),
         })
@@ -290,7 +296,10 @@ impl NatsCoordinator {
         })
     }
 
-    pub async fn shutdown(&self, id: &SessionId) -> Result<Changed<Option<ResponseId>>, CoordError> {
+    pub async fn shutdown(
+        &self,
+        id: &SessionId,
+    ) -> Result<Changed<Option<ResponseId>>, CoordError> {
         let call = Call::Teardown {
             reason: TeardownReason::Shutdown,
         };
@@ -384,7 +393,11 @@ impl NatsCoordinator {
     }
 
     pub fn stats(&self) -> CoordStats {
-        let mut stats = *self.inner.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut stats = *self
+            .inner
+            .stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         stats.sessions = self.inner.mirror.counts();
         stats
     }
@@ -436,7 +449,10 @@ async fn ensure_bucket(
     match js.create_stream(config).await {
         Ok(stream) => Ok(stream),
         // Another replica created it first.
-        Err(error) => js.get_stream(format!("KV_{}", settings.bucket)).await.map_err(|_| error.to_string()),
+        Err(error) => js
+            .get_stream(format!("KV_{}", settings.bucket))
+            .await
+            .map_err(|_| error.to_string()),
     }
 }
 
@@ -465,7 +481,12 @@ impl Inner {
 
     /// Writes `value` if the key is still at `expected`; `Ok(false)` on a
     /// conflict.
-    async fn write(&self, key: &str, value: bytes::Bytes, expected: u64) -> Result<bool, CoordError> {
+    async fn write(
+        &self,
+        key: &str,
+        value: bytes::Bytes,
+        expected: u64,
+    ) -> Result<bool, CoordError> {
         match self.kv.update(key, value, expected).await {
             Ok(_) => Ok(true),
             Err(error) if error.kind() == UpdateErrorKind::WrongLastRevision => Ok(false),
@@ -574,7 +595,12 @@ impl Inner {
                 return Ok(snapshot);
             }
             session.touch(now);
-            let value = entry::encode(&session.persisted(), entry.last_response, &[], entry.unix_nanos);
+            let value = entry::encode(
+                &session.persisted(),
+                entry.last_response,
+                &[],
+                entry.unix_nanos,
+            );
             if self.write(&key, value, revision).await? {
                 return Ok(snapshot);
             }

@@ -50,10 +50,10 @@ use tower::{
 
 use crate::{
     auth::{Authenticator, Tokens},
+    backend::Coordinator,
     grpc::{observe::ObserveLayer, status, CoordinatorService, WatchSettings},
     metrics::{self, Metrics, Readiness, Sources},
     proto::{self, v1::response_coordinator_server::ResponseCoordinatorServer},
-    backend::Coordinator,
     registry::{Registry, RegistryConfig},
 };
 

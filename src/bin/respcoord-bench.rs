@@ -329,7 +329,8 @@ fn start_respcoord(runtime: &Runtime, registry: Registry) -> Running {
         let stop = stop.clone();
         async move {
             if let Err(error) =
-                server::serve_coordinator(registry.into(), config, listener, stop.cancelled_owned()).await
+                server::serve_coordinator(registry.into(), config, listener, stop.cancelled_owned())
+                    .await
             {
                 eprintln!("respcoord server: {error}");
             }

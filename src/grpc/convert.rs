@@ -3,12 +3,12 @@
 //! refusal names the offending field.
 
 use crate::{
+    backend::PageToken,
     error::CoordError,
     events::LifecycleEvent,
     ids::{response_id_or_zero, RequestId, ResponseId, SessionId},
     machine::{CancelReason, Ending, EventKind, FinishStatus, Phase, Source},
     proto::v1 as pb,
-    backend::PageToken,
     session::SessionSnapshot,
 };
 

@@ -17,6 +17,7 @@ use tracing::{Instrument, Span};
 
 use crate::{
     auth::{authorize, caller_scope},
+    backend::Coordinator,
     error::CoordError,
     grpc::{
         convert::{self, WatchTarget},
@@ -25,7 +26,6 @@ use crate::{
     ids::{response_id_or_zero, SessionId},
     machine::Phase,
     proto::v1::{self as pb, response_coordinator_server::ResponseCoordinator},
-    backend::Coordinator,
 };
 
 pub use crate::grpc::watch::WatchSettings;

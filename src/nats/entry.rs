@@ -241,9 +241,7 @@ fn response(raw: u64) -> Result<ResponseId, DecodeError> {
 fn stored_event(kind: &EventKind) -> StoredEvent {
     let (kind, response, detail) = match *kind {
         EventKind::Started { response, source } => (1, response.get(), source_code(source)),
-        EventKind::CancelRequested { response, reason } => {
-            (2, response.get(), cancel_code(reason))
-        }
+        EventKind::CancelRequested { response, reason } => (2, response.get(), cancel_code(reason)),
         EventKind::Ended { response, ending } => (3, response.get(), ending_code(ending)),
         EventKind::Terminated { reason } => (4, 0, teardown_code(reason)),
     };
@@ -276,7 +274,12 @@ fn event_kind(stored: &StoredEvent) -> Result<EventKind, DecodeError> {
 }
 
 /// The stored value for a session after a transition that emitted `events`.
-pub fn encode(persisted: &Persisted, last_response: u64, events: &[EventKind], unix_nanos: i64) -> Bytes {
+pub fn encode(
+    persisted: &Persisted,
+    last_response: u64,
+    events: &[EventKind],
+    unix_nanos: i64,
+) -> Bytes {
     let (phase, active_response, active_source) = match persisted.phase {
         Phase::Idle => (1, 0, 0),
         Phase::Active(active) => (2, active.id.get(), source_code(active.source)),
@@ -324,7 +327,9 @@ pub fn decode(value: &[u8]) -> Result<Entry, DecodeError> {
     if stored.events.len() > MAX_EVENTS_PER_TRANSITION
         || (stored.events.len() as u64) > stored.revision
     {
-        return Err(malformed("more events than the transition or revision allows"));
+        return Err(malformed(
+            "more events than the transition or revision allows",
+        ));
     }
     let replays = stored
         .replays
@@ -393,7 +398,9 @@ mod tests {
             revision: 7,
             responses_started: 3,
             replays: vec![(
-                RequestId::parse_optional("req-1").expect("ok").expect("some"),
+                RequestId::parse_optional("req-1")
+                    .expect("ok")
+                    .expect("some"),
                 StartRecord {
                     response: r(9),
                     superseded: Some(r(5)),

@@ -224,7 +224,10 @@ impl Mirror {
         let lower = after.map_or(Bound::Unbounded, Bound::Excluded);
         let mut sessions = Vec::with_capacity(page_size.min(1024));
         let mut more = false;
-        for (id, known) in state.sessions.range::<SessionId, _>((lower, Bound::Unbounded)) {
+        for (id, known) in state
+            .sessions
+            .range::<SessionId, _>((lower, Bound::Unbounded))
+        {
             if !scope.contains(id) {
                 continue;
             }
@@ -235,14 +238,24 @@ impl Mirror {
             sessions.push(known.snapshot(id));
         }
         let next = more
-            .then(|| sessions.last().map(|s: &SessionSnapshot| s.session_id.clone()))
+            .then(|| {
+                sessions
+                    .last()
+                    .map(|s: &SessionSnapshot| s.session_id.clone())
+            })
             .flatten();
         (sessions, next, entry::last_seq_of_write(state.stream_seq))
     }
 
     /// Sessions whose deadline has passed at `now`: idle for `idle` (live)
     /// or terminated for `tombstone`. At most `limit`.
-    pub fn due(&self, now: Millis, idle: Millis, tombstone: Millis, limit: usize) -> Vec<SessionId> {
+    pub fn due(
+        &self,
+        now: Millis,
+        idle: Millis,
+        tombstone: Millis,
+        limit: usize,
+    ) -> Vec<SessionId> {
         let state = self.lock();
         state
             .sessions
@@ -323,7 +336,10 @@ impl Mirror {
 
 /// Decodes one stream message into (stream seq, session, change); `None`
 /// for a message that is not a session's (the lease) or cannot be read.
-fn parse(message: &jetstream::Message, subject_prefix: &str) -> Result<(u64, Option<(SessionId, Change)>), String> {
+fn parse(
+    message: &jetstream::Message,
+    subject_prefix: &str,
+) -> Result<(u64, Option<(SessionId, Change)>), String> {
     let info = message.info().map_err(|e| e.to_string())?;
     let stream_seq = info.stream_sequence;
     let Some(id) = message

@@ -6,12 +6,12 @@
 use std::{collections::HashMap, net::SocketAddr, time::Duration};
 
 use respcoord::{
+    backend::Coordinator,
     grpc::WatchSettings,
+    nats::{NatsCoordinator, NatsSettings},
     proto::v1::{
         self as pb, lifecycle_event::Kind, response_coordinator_client::ResponseCoordinatorClient,
     },
-    backend::Coordinator,
-    nats::{NatsCoordinator, NatsSettings},
     registry::{Registry, RegistryConfig},
     server::{self, ServerConfig},
 };
