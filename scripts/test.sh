@@ -2,7 +2,16 @@
 # The test command (README, and CI through .ci/run): every test of the crate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# NATS with JetStream for the cluster backend's tests (started if none runs).
+RESPCOORD_TEST_NATS_URL=$(./scripts/nats.sh)
+export RESPCOORD_TEST_NATS_URL
+if [ -f target/nats-test/nats.pid ]; then
+  trap 'kill "$(cat target/nats-test/nats.pid)" 2>/dev/null || true' EXIT
+fi
 cargo test --locked --all-targets --features client "$@"
+# The whole end-to-end suite again, against the NATS JetStream backend.
+RESPCOORD_TEST_BACKEND=nats cargo test --locked --features client \
+  --test e2e_semantics --test e2e_watch --test e2e_validation --test e2e_concurrency "$@"
 # Shuttle's thread interleavings of the real registry: a build with the
 # test-only `shuttle` feature (src/sync.rs), which only this target may use.
 cargo test --locked --features shuttle --test shuttle_registry

@@ -125,6 +125,12 @@ pub struct ServeArgs {
     #[arg(long, env = "RESPCOORD_NATS_MEMORY_STORAGE")]
     pub nats_memory_storage: bool,
 
+    /// Drop bucket messages older than this, when this process creates the
+    /// bucket (reclaims forgotten sessions' purge markers). Must exceed
+    /// --session-idle-ttl plus --tombstone-ttl by a margin; unset keeps all.
+    #[arg(long, env = "RESPCOORD_NATS_MAX_AGE", value_parser = positive_duration)]
+    pub nats_max_age: Option<Duration>,
+
     /// Longest one JetStream request may take before the call is UNAVAILABLE.
     #[arg(long, env = "RESPCOORD_NATS_TIMEOUT", default_value = "2s", value_parser = positive_duration)]
     pub nats_timeout: Duration,
@@ -264,6 +270,7 @@ impl ServeArgs {
             history: self.nats_history,
             request_timeout: self.nats_timeout,
             memory_storage: self.nats_memory_storage,
+            max_age: self.nats_max_age.unwrap_or_default(),
         }
     }
 

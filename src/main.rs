@@ -49,6 +49,16 @@ fn main() -> ExitCode {
             }
         }
     };
+    if let Some(max_age) = args.nats_max_age {
+        let floor = args.session_idle_ttl + args.tombstone_ttl;
+        if max_age <= floor {
+            eprintln!(
+                "error: --nats-max-age must exceed --session-idle-ttl plus --tombstone-ttl ({}), or live sessions could age out of the bucket",
+                humantime::format_duration(floor)
+            );
+            return ExitCode::from(BAD_CONFIG);
+        }
+    }
     let tls = args.tls();
     if let Some(tls) = &tls {
         if let Err(error) = tls.check() {

@@ -71,6 +71,11 @@ pub struct NatsSettings {
     /// Keep the bucket in memory instead of on disk (when this process
     /// creates it): faster, and lost if every NATS node restarts at once.
     pub memory_storage: bool,
+    /// Drop stored messages older than this (when this process creates the
+    /// bucket); zero keeps them. Reclaims the purge markers forgotten
+    /// sessions leave behind. It must exceed the idle TTL plus the tombstone
+    /// TTL by a margin, or a live session's entry could age out.
+    pub max_age: Duration,
 }
 
 impl Default for NatsSettings {
@@ -82,6 +87,7 @@ impl Default for NatsSettings {
             history: 16,
             request_timeout: Duration::from_secs(2),
             memory_storage: false,
+            max_age: Duration::ZERO,
         }
     }
 }
@@ -444,6 +450,7 @@ async fn ensure_bucket(
         deny_delete: true,
         deny_purge: false,
         allow_direct: false,
+        max_age: settings.max_age,
         ..Default::default()
     };
     match js.create_stream(config).await {

@@ -173,6 +173,8 @@ pub fn test_nats_settings(bucket: &str, config: &RegistryConfig) -> NatsSettings
         history: u8::try_from(config.session_history.clamp(1, 64)).unwrap_or(64),
         request_timeout: Duration::from_secs(5),
         memory_storage: true,
+        // Test buckets empty themselves; the server is shared with later runs.
+        max_age: Duration::from_secs(15 * 60),
     }
 }
 
