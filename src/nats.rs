@@ -106,6 +106,9 @@ pub enum NatsError {
 /// Compare-and-set attempts per call before it is answered ABORTED.
 const MAX_ATTEMPTS: usize = 32;
 
+/// Entries this replica remembers having written (see `EntryCache`).
+const ENTRY_CACHE_CAPACITY: usize = 65_536;
+
 /// A replica of the NATS-backed coordinator: cheap to clone.
 #[derive(Clone)]
 pub struct NatsCoordinator {
@@ -117,6 +120,7 @@ struct Inner {
     stream: jetstream::stream::Stream,
     mirror: Arc<Mirror>,
     locks: KeyedLocks,
+    cache: EntryCache,
     config: RegistryConfig,
     /// TTLs as the pure expiry check applies them: the idle TTL plus the
     /// touch interval (see `touch_interval`), so a session whose last touch
@@ -223,6 +227,7 @@ impl NatsCoordinator {
                 stream,
                 mirror,
                 locks: KeyedLocks::new(config.shards),
+                cache: EntryCache::new(config.shards, ENTRY_CACHE_CAPACITY),
                 ttls: Ttls {
                     idle: millis(config.idle_ttl).saturating_add(touch_interval),
                     tombstone: millis(config.tombstone_ttl),
@@ -486,17 +491,17 @@ impl Inner {
         }
     }
 
-    /// Writes `value` if the key is still at `expected`; `Ok(false)` on a
-    /// conflict.
+    /// Writes `value` if the key is still at `expected`: the new revision,
+    /// or `None` on a conflict.
     async fn write(
         &self,
         key: &str,
         value: bytes::Bytes,
         expected: u64,
-    ) -> Result<bool, CoordError> {
+    ) -> Result<Option<u64>, CoordError> {
         match self.kv.update(key, value, expected).await {
-            Ok(_) => Ok(true),
-            Err(error) if error.kind() == UpdateErrorKind::WrongLastRevision => Ok(false),
+            Ok(revision) => Ok(Some(revision)),
+            Err(error) if error.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
             Err(error) => Err(unavailable(error)),
         }
     }
@@ -510,28 +515,36 @@ impl Inner {
     ) -> Result<(Outcome, SessionSnapshot, Option<StartRecord>), CoordError> {
         let _serialized = self.locks.lock(id).await;
         let key = entry::key(id);
+        // The entry this replica last wrote saves the read: a write against
+        // it that succeeds proves it was current. An answer that writes
+        // nothing proves nothing, so it is always recomputed from a fresh read.
+        let mut cached = self.cache.take(id);
         for _ in 0..MAX_ATTEMPTS {
             let now = unix_millis();
-            let (expected, mut session, mut last_response, stored_since, created) =
-                match self.read(&key).await? {
-                    Read::Live { revision, entry } => (
-                        revision,
-                        Session::from_persisted(entry.persisted.clone()),
-                        entry.last_response,
-                        Some(entry.persisted.since),
-                        false,
-                    ),
-                    Read::Absent { .. } if !creates => {
-                        return Err(CoordError::SessionNotFound(id.clone()))
+            let from_cache = cached.is_some();
+            let read = match cached.take() {
+                Some((revision, entry)) => Read::Live { revision, entry },
+                None => self.read(&key).await?,
+            };
+            let (expected, mut session, mut last_response, stored_since, created) = match read {
+                Read::Live { revision, entry } => (
+                    revision,
+                    Session::from_persisted(entry.persisted.clone()),
+                    entry.last_response,
+                    Some(entry.persisted.since),
+                    false,
+                ),
+                Read::Absent { .. } if !creates => {
+                    return Err(CoordError::SessionNotFound(id.clone()))
+                }
+                Read::Absent { revision } => {
+                    let max = self.config.max_sessions;
+                    if self.mirror.session_count() >= max {
+                        return Err(CoordError::SessionLimit { max });
                     }
-                    Read::Absent { revision } => {
-                        let max = self.config.max_sessions;
-                        if self.mirror.session_count() >= max {
-                            return Err(CoordError::SessionLimit { max });
-                        }
-                        (revision, Session::new(now), 0, None, true)
-                    }
-                };
+                    (revision, Session::new(now), 0, None, true)
+                }
+            };
             session.touch(now);
             if let Call::Start {
                 request_id: Some(request_id),
@@ -539,6 +552,9 @@ impl Inner {
             } = call
             {
                 if let Some(record) = session.replayed(request_id) {
+                    if from_cache {
+                        continue; // answer with the current state, read fresh
+                    }
                     self.count(|stats| stats.replayed());
                     let outcome = Outcome::Started {
                         response: record.response,
@@ -567,11 +583,22 @@ impl Inner {
             let touch_due =
                 stored_since.is_some_and(|since| now.saturating_sub(since) >= self.touch_interval);
             if applied.events.is_empty() && !created && !touch_due {
+                if from_cache {
+                    continue;
+                }
                 return Ok((applied.outcome, session.snapshot(id), None));
             }
             let kinds: Vec<_> = applied.events.iter().map(|e| e.kind).collect();
-            let value = entry::encode(&session.persisted(), last_response, &kinds, nanos);
-            if self.write(&key, value, expected).await? {
+            let persisted = session.persisted();
+            let value = entry::encode(&persisted, last_response, &kinds, nanos);
+            if let Some(revision) = self.write(&key, value, expected).await? {
+                let written = entry::Entry {
+                    persisted,
+                    last_response,
+                    events: kinds,
+                    unix_nanos: nanos,
+                };
+                self.cache.put(id, revision, written);
                 self.count(|stats| {
                     if created {
                         stats.created();
@@ -608,7 +635,11 @@ impl Inner {
                 &[],
                 entry.unix_nanos,
             );
-            if self.write(&key, value, revision).await? {
+            if let Some(revision) = self.write(&key, value, revision).await? {
+                let mut entry = entry;
+                entry.persisted = session.persisted();
+                entry.events.clear();
+                self.cache.put(id, revision, entry);
                 return Ok(snapshot);
             }
         }
@@ -631,6 +662,7 @@ impl Inner {
                 ExpiryCheck::Forget => {
                     match self.kv.purge_expect_revision(&key, Some(revision)).await {
                         Ok(()) => {
+                            self.cache.take(id);
                             tracing::debug!(session_id = %id, "forgot terminated session");
                             return Ok(());
                         }
@@ -653,7 +685,8 @@ impl Inner {
                     let kinds: Vec<_> = applied.events.iter().map(|e| e.kind).collect();
                     let value =
                         entry::encode(&session.persisted(), entry.last_response, &kinds, nanos);
-                    if self.write(&key, value, revision).await? {
+                    if self.write(&key, value, revision).await?.is_some() {
+                        self.cache.take(id);
                         self.count(|stats| stats.applied(before, &call, &applied, session.phase()));
                         return Ok(());
                     }
@@ -751,9 +784,7 @@ impl KeyedLocks {
         &self,
         id: &SessionId,
     ) -> crate::sync::MutexGuard<'_, HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>> {
-        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(id.as_str());
-        self.shards[(hash % self.shards.len() as u64) as usize]
+        self.shards[shard_of(id, self.shards.len())]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
@@ -767,4 +798,53 @@ impl KeyedLocks {
             guard: Some(guard),
         }
     }
+}
+
+/// The entries this replica wrote last, by session: a call that finds its
+/// session here writes against the cached revision without reading first
+/// (one round trip instead of two); if another replica wrote meanwhile the
+/// compare-and-set fails and the call reads fresh. Bounded: beyond capacity
+/// an arbitrary entry is dropped, which costs only a read later.
+struct EntryCache {
+    shards: Box<[Mutex<HashMap<SessionId, (u64, entry::Entry)>>]>,
+    per_shard: usize,
+}
+
+impl EntryCache {
+    fn new(shards: usize, capacity: usize) -> Self {
+        let shards = shards.max(1);
+        Self {
+            shards: (0..shards).map(|_| Mutex::default()).collect(),
+            per_shard: (capacity / shards).max(1),
+        }
+    }
+
+    fn shard(
+        &self,
+        id: &SessionId,
+    ) -> crate::sync::MutexGuard<'_, HashMap<SessionId, (u64, entry::Entry)>> {
+        self.shards[shard_of(id, self.shards.len())]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take(&self, id: &SessionId) -> Option<(u64, entry::Entry)> {
+        self.shard(id).remove(id)
+    }
+
+    fn put(&self, id: &SessionId, revision: u64, entry: entry::Entry) {
+        let mut shard = self.shard(id);
+        if shard.len() >= self.per_shard {
+            if let Some(evicted) = shard.keys().next().cloned() {
+                shard.remove(&evicted);
+            }
+        }
+        shard.insert(id.clone(), (revision, entry));
+    }
+}
+
+fn shard_of(id: &SessionId, shards: usize) -> usize {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(id.as_str());
+    (hash % shards as u64) as usize
 }
