@@ -750,8 +750,10 @@ impl Inner {
 /// Per-session async locks, so calls on one session within this replica run
 /// one at a time (they would only fight over compare-and-set otherwise).
 /// An entry exists only while some call holds or waits for it.
+type LockShard = HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>;
+
 struct KeyedLocks {
-    shards: Box<[Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>]>,
+    shards: Box<[Mutex<LockShard>]>,
 }
 
 struct KeyedGuard<'a> {
@@ -783,7 +785,7 @@ impl KeyedLocks {
     fn shard(
         &self,
         id: &SessionId,
-    ) -> crate::sync::MutexGuard<'_, HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>> {
+    ) -> crate::sync::MutexGuard<'_, LockShard> {
         self.shards[shard_of(id, self.shards.len())]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -805,8 +807,11 @@ impl KeyedLocks {
 /// (one round trip instead of two); if another replica wrote meanwhile the
 /// compare-and-set fails and the call reads fresh. Bounded: beyond capacity
 /// an arbitrary entry is dropped, which costs only a read later.
+/// Session -> (revision, entry) this replica wrote.
+type CacheShard = HashMap<SessionId, (u64, entry::Entry)>;
+
 struct EntryCache {
-    shards: Box<[Mutex<HashMap<SessionId, (u64, entry::Entry)>>]>,
+    shards: Box<[Mutex<CacheShard>]>,
     per_shard: usize,
 }
 
@@ -822,7 +827,7 @@ impl EntryCache {
     fn shard(
         &self,
         id: &SessionId,
-    ) -> crate::sync::MutexGuard<'_, HashMap<SessionId, (u64, entry::Entry)>> {
+    ) -> crate::sync::MutexGuard<'_, CacheShard> {
         self.shards[shard_of(id, self.shards.len())]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

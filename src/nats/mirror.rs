@@ -131,9 +131,8 @@ impl MirrorState {
             responses_started: entry.persisted.responses_started,
             since: entry.persisted.since,
         };
-        match self.sessions.insert(id, known) {
-            Some(old) => self.count(old.phase, -1),
-            None => {}
+        if let Some(old) = self.sessions.insert(id, known) {
+            self.count(old.phase, -1);
         }
         self.count(known.phase, 1);
         Some(Applied { events, gap })
