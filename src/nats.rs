@@ -140,6 +140,13 @@ impl Drop for Inner {
     }
 }
 
+fn seed_servers(url: &str) -> Vec<&str> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|seed| !seed.is_empty())
+        .collect()
+}
+
 fn unix_nanos() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -178,7 +185,9 @@ impl NatsCoordinator {
             .name("respcoord")
             .connection_timeout(settings.request_timeout.max(Duration::from_secs(1)))
             .request_timeout(Some(settings.request_timeout))
-            .connect(settings.url.as_str())
+            // A comma-separated list of seeds: the client fails over among
+            // them (and learns the rest of the cluster from the servers).
+            .connect(seed_servers(&settings.url))
             .await
             .map_err(|e| NatsError::Connect {
                 url: settings.url.clone(),
