@@ -81,12 +81,12 @@ pub struct RpcMetrics {
 impl RpcMetrics {
     /// One finished call. `method` is `package.Service/Method` (or `_OTHER`
     /// for methods the server does not have), `code` the status code's name.
-    pub fn record_call(&self, method: &str, code: &'static str, elapsed: Duration) {
+    pub fn record_call(&self, method: &'static str, code: &'static str, elapsed: Duration) {
         self.duration.record(
             elapsed.as_secs_f64(),
             &[
                 KeyValue::new("rpc.system.name", "grpc"),
-                KeyValue::new("rpc.method", method.to_owned()),
+                KeyValue::new("rpc.method", method),
                 KeyValue::new("rpc.response.status_code", code),
             ],
         );

@@ -791,10 +791,7 @@ impl KeyedLocks {
         }
     }
 
-    fn shard(
-        &self,
-        id: &SessionId,
-    ) -> crate::sync::MutexGuard<'_, LockShard> {
+    fn shard(&self, id: &SessionId) -> crate::sync::MutexGuard<'_, LockShard> {
         self.shards[shard_of(id, self.shards.len())]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -833,10 +830,7 @@ impl EntryCache {
         }
     }
 
-    fn shard(
-        &self,
-        id: &SessionId,
-    ) -> crate::sync::MutexGuard<'_, CacheShard> {
+    fn shard(&self, id: &SessionId) -> crate::sync::MutexGuard<'_, CacheShard> {
         self.shards[shard_of(id, self.shards.len())]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

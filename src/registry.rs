@@ -20,7 +20,7 @@
 
 use std::{
     cmp::Reverse,
-    collections::{hash_map::Entry, BinaryHeap, HashMap, VecDeque},
+    collections::{hash_map::Entry, BinaryHeap, VecDeque},
     hash::BuildHasher,
     sync::{Arc, PoisonError},
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -190,6 +190,11 @@ impl PageCursor {
     }
 }
 
+/// Session ids are short strings hashed on every call, twice (shard, then
+/// the shard's table): foldhash is several times cheaper than SipHash for
+/// them and still seeded per process, so ids cannot be chosen to collide.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Default)]
 struct Shard {
     /// A hash map, not a tree: a call is one hash and about one cache miss
@@ -203,7 +208,7 @@ struct Shard {
 
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: foldhash::fast::RandomState,
     /// The seq numbering's starting point; also names this instance.
     base_seq: u64,
     log: Arc<EventLog>,
