@@ -603,6 +603,28 @@ fn bad_configuration_exits_2_naming_the_flag() {
             vec![],
             "--http2-keepalive-interval",
         ),
+        (vec!["--backend".into(), "etcd".into()], vec![], "--backend"),
+        (
+            vec![],
+            vec![("RESPCOORD_NATS_BUCKET", "has.dots")],
+            "--nats-bucket",
+        ),
+        (
+            vec!["--nats-replicas".into(), "7".into()],
+            vec![],
+            "--nats-replicas",
+        ),
+        (
+            vec!["--nats-history".into(), "65".into()],
+            vec![],
+            "--nats-history",
+        ),
+        (
+            // Shorter than idle TTL + tombstone TTL: live sessions could age out.
+            vec!["--nats-max-age".into(), "30m".into()],
+            vec![],
+            "--nats-max-age",
+        ),
         (
             vec!["--auth-tokens".into(), missing.into()],
             vec![],
@@ -710,4 +732,60 @@ fn bad_configuration_exits_2_naming_the_flag() {
             "a token was printed: {stderr}"
         );
     }
+}
+
+/// Two real binaries on one NATS bucket (RESPCOORD_* configuration): either
+/// serves a session the other created, and one draining leaves the other
+/// serving. A NATS it cannot reach is a start-up failure, not a silent
+/// in-memory fallback.
+#[tokio::test]
+async fn two_binaries_on_one_nats_bucket_serve_the_same_sessions() {
+    let url = std::env::var("RESPCOORD_TEST_NATS_URL").ok();
+    if url.is_none() && std::net::TcpStream::connect("127.0.0.1:4222").is_err() {
+        eprintln!("no NATS on 127.0.0.1:4222 and RESPCOORD_TEST_NATS_URL unset: skipped");
+        return;
+    }
+    let url = url.unwrap_or_else(test_nats_url);
+    let bucket = fresh_bucket();
+    let envs = [
+        ("RESPCOORD_BACKEND", "nats"),
+        ("RESPCOORD_NATS_URL", url.as_str()),
+        ("RESPCOORD_NATS_BUCKET", bucket.as_str()),
+        ("RESPCOORD_NATS_MEMORY_STORAGE", "true"),
+    ];
+    let (mut first, mut a) = spawn(&envs).await;
+    let (_second, mut b) = spawn(&envs).await;
+    let started = start(&mut a, "proc").await;
+    let finished = finish(
+        &mut b,
+        "proc",
+        started.response_id,
+        pb::TerminalStatus::Failed,
+    )
+    .await;
+    assert!(
+        finished.applied,
+        "the second binary finishes what the first started"
+    );
+    sigterm(&first);
+    assert!(wait_exit(&mut first).success());
+    let state = get_state(&mut b, "proc").await.expect("still served");
+    assert_eq!(state.revision, 2);
+
+    // No NATS there: exit 1 with the reason, never serve.
+    let refused = Command::new(BIN)
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .args([
+            "--backend",
+            "nats",
+            "--nats-url",
+            &format!("nats://127.0.0.1:{}", free_port()),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .output()
+        .expect("run respcoord");
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("cannot connect to NATS"), "{stderr}");
 }
