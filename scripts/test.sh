@@ -8,6 +8,9 @@ export RESPCOORD_TEST_NATS_URL
 if [ -f target/nats-test/nats.pid ]; then
   trap 'kill "$(cat target/nats-test/nats.pid)" 2>/dev/null || true' EXIT
 fi
+# nats-server 2.10 for the three-node cluster test (tests/nats_cluster.rs).
+RESPCOORD_TEST_CLUSTER_NATS_SERVER=$(./scripts/nats-cluster-server.sh)
+export RESPCOORD_TEST_CLUSTER_NATS_SERVER
 cargo test --locked --all-targets --features client "$@"
 # The whole end-to-end suite again, against the NATS JetStream backend.
 RESPCOORD_TEST_BACKEND=nats cargo test --locked --features client \

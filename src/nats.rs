@@ -193,13 +193,17 @@ impl NatsCoordinator {
                 url: settings.url.clone(),
                 reason: e.to_string(),
             })?;
+        let server_version = client.server_info().version;
         let mut js = jetstream::new(client);
         js.set_timeout(settings.request_timeout);
         let bucket_error = |reason: String| NatsError::Bucket {
             bucket: settings.bucket.clone(),
             reason,
         };
+        check_replication(settings.replicas, &server_version).map_err(bucket_error)?;
         let stream = ensure_bucket(&js, settings).await.map_err(bucket_error)?;
+        check_replication(stream.cached_info().config.num_replicas, &server_version)
+            .map_err(bucket_error)?;
         let kv = js
             .get_key_value(settings.bucket.as_str())
             .await
@@ -432,6 +436,40 @@ impl NatsCoordinator {
         expiry::run(self.clone(), stop).await;
         self.inner.follower.cancel();
     }
+}
+
+/// The first nats-server that serializes compare-and-set
+/// (`Nats-Expected-Last-Subject-Sequence`) across a clustered stream: before
+/// it, two writes computed from the same revision could both be accepted on
+/// a replicated bucket (nats-io/nats-server#4320, fixed in 2.9.21), which
+/// would let two replicas apply the same transition.
+const REPLICATED_CAS_SINCE: (u64, u64, u64) = (2, 9, 21);
+
+/// Refuses a replicated bucket on a server whose compare-and-set is not
+/// serializable there. A single-replica bucket is safe on any 2.9.
+fn check_replication(replicas: usize, server_version: &str) -> Result<(), String> {
+    if replicas <= 1 {
+        return Ok(());
+    }
+    let mut parts = server_version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let version = (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    );
+    if version >= REPLICATED_CAS_SINCE {
+        return Ok(());
+    }
+    let (major, minor, patch) = REPLICATED_CAS_SINCE;
+    Err(format!(
+        "a replicated bucket (R{replicas}) needs nats-server {major}.{minor}.{patch} or newer: \
+         {server_version} does not serialize compare-and-set on a clustered stream \
+         (nats-io/nats-server#4320), so two writes of one session could both land; \
+         upgrade NATS or use --nats-replicas 1"
+    ))
 }
 
 /// Creates the bucket's stream if it does not exist, with direct gets off so
@@ -756,11 +794,11 @@ impl Inner {
     }
 }
 
+type LockShard = HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>;
+
 /// Per-session async locks, so calls on one session within this replica run
 /// one at a time (they would only fight over compare-and-set otherwise).
 /// An entry exists only while some call holds or waits for it.
-type LockShard = HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>;
-
 struct KeyedLocks {
     shards: Box<[Mutex<LockShard>]>,
 }
@@ -855,4 +893,23 @@ fn shard_of(id: &SessionId, shards: usize) -> usize {
     use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
     let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(id.as_str());
     (hash % shards as u64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_replication;
+
+    #[test]
+    fn replicated_buckets_need_a_server_with_serializable_compare_and_set() {
+        assert!(check_replication(1, "2.9.10").is_ok());
+        assert!(check_replication(3, "2.9.21").is_ok());
+        assert!(check_replication(3, "2.10.26").is_ok());
+        assert!(check_replication(5, "2.11.0-beta.1").is_ok());
+        let refused = check_replication(3, "2.9.10").unwrap_err();
+        assert!(
+            refused.contains("4320") && refused.contains("2.9.21"),
+            "{refused}"
+        );
+        assert!(check_replication(3, "garbage").is_err());
+    }
 }
