@@ -265,26 +265,7 @@ impl NatsCoordinator {
     ) -> Result<Started, CoordError> {
         let call = Call::Start { source, request_id };
         let (outcome, state, replay) = self.inner.call(id, &call, true).await?;
-        if let Some(record) = replay {
-            return Ok(Started {
-                response: record.response,
-                superseded: record.superseded,
-                replayed: true,
-                state,
-            });
-        }
-        match outcome {
-            Outcome::Started {
-                response,
-                superseded,
-            } => Ok(Started {
-                response,
-                superseded,
-                replayed: false,
-                state,
-            }),
-            _ => Err(CoordError::SessionTerminated(id.clone())),
-        }
+        Started::from_call(id, outcome, state, replay)
     }
 
     pub async fn finish(
@@ -295,10 +276,7 @@ impl NatsCoordinator {
     ) -> Result<Changed<bool>, CoordError> {
         let call = Call::Finish { response, status };
         let (outcome, state, _) = self.inner.call(id, &call, false).await?;
-        Ok(Changed {
-            result: matches!(outcome, Outcome::Finished { applied: true }),
-            state,
-        })
+        Ok(Changed::finished(outcome, state))
     }
 
     pub async fn cancel(
@@ -310,14 +288,7 @@ impl NatsCoordinator {
             .inner
             .call(id, &Call::Cancel { only_if }, false)
             .await?;
-        let cancelled = match outcome {
-            Outcome::Cancelled { cancelled } => cancelled,
-            _ => None,
-        };
-        Ok(Changed {
-            result: cancelled,
-            state,
-        })
+        Ok(Changed::cancelled(outcome, state))
     }
 
     pub async fn shutdown(
@@ -328,14 +299,7 @@ impl NatsCoordinator {
             reason: TeardownReason::Shutdown,
         };
         let (outcome, state, _) = self.inner.call(id, &call, true).await?;
-        let cancelled = match outcome {
-            Outcome::TornDown { cancelled } => cancelled,
-            _ => None,
-        };
-        Ok(Changed {
-            result: cancelled,
-            state,
-        })
+        Ok(Changed::cancelled(outcome, state))
     }
 
     /// GetState: read from the stream leader, so it sees every acknowledged

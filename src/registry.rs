@@ -119,6 +119,59 @@ pub struct Changed<T> {
     pub state: SessionSnapshot,
 }
 
+impl Started {
+    /// Start's reply from what the session did: a replay's original answer,
+    /// a started response, or the refusal of a terminated session.
+    pub(crate) fn from_call(
+        id: &SessionId,
+        outcome: Outcome,
+        state: SessionSnapshot,
+        replay: Option<StartRecord>,
+    ) -> Result<Self, CoordError> {
+        if let Some(record) = replay {
+            return Ok(Started {
+                response: record.response,
+                superseded: record.superseded,
+                replayed: true,
+                state,
+            });
+        }
+        match outcome {
+            Outcome::Started {
+                response,
+                superseded,
+            } => Ok(Started {
+                response,
+                superseded,
+                replayed: false,
+                state,
+            }),
+            _ => Err(CoordError::SessionTerminated(id.clone())),
+        }
+    }
+}
+
+impl Changed<bool> {
+    /// Finish's reply: whether it applied.
+    pub(crate) fn finished(outcome: Outcome, state: SessionSnapshot) -> Self {
+        Changed {
+            result: matches!(outcome, Outcome::Finished { applied: true }),
+            state,
+        }
+    }
+}
+
+impl Changed<Option<ResponseId>> {
+    /// Cancel's and Shutdown's reply: the response they cancelled, if any.
+    pub(crate) fn cancelled(outcome: Outcome, state: SessionSnapshot) -> Self {
+        let result = match outcome {
+            Outcome::Cancelled { cancelled } | Outcome::TornDown { cancelled } => cancelled,
+            _ => None,
+        };
+        Changed { result, state }
+    }
+}
+
 /// One page of ListSessions.
 #[derive(Clone, Debug)]
 pub struct Page {
@@ -299,26 +352,7 @@ impl Registry {
     ) -> Result<Started, CoordError> {
         let call = Call::Start { source, request_id };
         let (outcome, state, replay) = self.inner.call(id, &call, Creates::Yes)?;
-        if let Some(record) = replay {
-            return Ok(Started {
-                response: record.response,
-                superseded: record.superseded,
-                replayed: true,
-                state,
-            });
-        }
-        match outcome {
-            Outcome::Started {
-                response,
-                superseded,
-            } => Ok(Started {
-                response,
-                superseded,
-                replayed: false,
-                state,
-            }),
-            _ => Err(CoordError::SessionTerminated(id.clone())),
-        }
+        Started::from_call(id, outcome, state, replay)
     }
 
     pub fn finish(
@@ -329,11 +363,7 @@ impl Registry {
     ) -> Result<Changed<bool>, CoordError> {
         let call = Call::Finish { response, status };
         let (outcome, state, _) = self.inner.call(id, &call, Creates::No)?;
-        let applied = matches!(outcome, Outcome::Finished { applied: true });
-        Ok(Changed {
-            result: applied,
-            state,
-        })
+        Ok(Changed::finished(outcome, state))
     }
 
     pub fn cancel(
@@ -344,14 +374,7 @@ impl Registry {
         let (outcome, state, _) = self
             .inner
             .call(id, &Call::Cancel { only_if }, Creates::No)?;
-        let cancelled = match outcome {
-            Outcome::Cancelled { cancelled } => cancelled,
-            _ => None,
-        };
-        Ok(Changed {
-            result: cancelled,
-            state,
-        })
+        Ok(Changed::cancelled(outcome, state))
     }
 
     /// Shutdown creates a tombstone for an unknown id, so a later Start on it
@@ -361,14 +384,7 @@ impl Registry {
             reason: TeardownReason::Shutdown,
         };
         let (outcome, state, _) = self.inner.call(id, &call, Creates::Yes)?;
-        let cancelled = match outcome {
-            Outcome::TornDown { cancelled } => cancelled,
-            _ => None,
-        };
-        Ok(Changed {
-            result: cancelled,
-            state,
-        })
+        Ok(Changed::cancelled(outcome, state))
     }
 
     /// GetState. Counts as a call for idle expiry.
