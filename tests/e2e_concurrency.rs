@@ -16,20 +16,6 @@ const CLIENTS: usize = 8;
 const CALLS_PER_CLIENT: usize = 250;
 const SESSIONS: usize = 4;
 
-/// A small deterministic generator (xorshift) so failures replay exactly.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 #[derive(Default)]
 struct Seen {
     started: Vec<(String, u64)>,

@@ -417,20 +417,6 @@ fn lost_updates(stored: &[Stored]) -> Vec<String> {
 
 // ---- gateways ----
 
-/// A small deterministic generator (xorshift).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// What a gateway was told (acknowledged replies only), and how available
 /// the service was to it.
 #[derive(Default)]

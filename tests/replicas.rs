@@ -247,13 +247,8 @@ async fn gateway(endpoints: Vec<String>, seed: u64, calls: usize) -> Acknowledge
     };
     let mut client = connect(endpoints[which].clone()).await.expect("connect");
     let mut mine: HashMap<String, u64> = HashMap::new();
-    let mut rng = seed;
-    let mut next = move |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut rng = Rng(seed);
+    let mut next = move |n: u64| rng.below(n);
     for call in 0..calls {
         let session = format!("k{}", next(6));
         let choice = next(10);

@@ -234,6 +234,23 @@ pub fn sample(scrape: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> 
     })
 }
 
+/// A small deterministic generator (xorshift) for load tests, so a failure
+/// replays exactly from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
 // ---- requests ----
 
 pub fn start_req(session: &str, source: pb::Source, request_id: &str) -> pb::StartRequest {
