@@ -89,7 +89,7 @@ impl World {
             .build()
             .expect("runtime");
         let service = CoordinatorService::new(
-            registry.clone(),
+            registry.clone().into(),
             WatchSettings::default(),
             CancellationToken::new(),
         );
