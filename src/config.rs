@@ -149,7 +149,7 @@ pub struct ServeArgs {
     pub max_sessions: u64,
 
     /// Registry shards (independent locks); more shards, less contention.
-    #[arg(long, env = "RESPCOORD_SHARDS", default_value_t = 64,
+    #[arg(long, env = "RESPCOORD_SHARDS", default_value_t = 96,
           value_parser = clap::value_parser!(u64).range(1..=65_536))]
     pub shards: u64,
 

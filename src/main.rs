@@ -1,5 +1,10 @@
 use std::{error::Error, process::ExitCode};
 
+/// See `mimalloc` in Cargo.toml: the binaries use mimalloc, the library
+/// leaves the choice to whoever links it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::Parser;
 use respcoord::{
     backend::Coordinator,

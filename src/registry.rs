@@ -62,7 +62,12 @@ pub struct RegistryConfig {
 impl Default for RegistryConfig {
     fn default() -> Self {
         Self {
-            shards: 64,
+            // 1M sessions (the default limit) over 96 shards is 10.4k per
+            // shard's table: 16,384 buckets at 64 % load. With 64 shards,
+            // 15.6k each is just past what 16,384 buckets hold, so every
+            // table doubles to 48 % load: 50 bytes more per session
+            // (docs/performance.md).
+            shards: 96,
             max_sessions: 1_000_000,
             idle_ttl: Duration::from_secs(3600),
             tombstone_ttl: Duration::from_secs(600),

@@ -21,6 +21,11 @@
 //! 127.0.0.1, and `--endpoint` must resolve to loopback addresses. Every run
 //! is bounded by `--warmup` + `--duration` per workload and server.
 
+/// See `mimalloc` in Cargo.toml: the binaries use mimalloc, the library
+/// leaves the choice to whoever links it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::{
     collections::HashMap,
     net::SocketAddr,
