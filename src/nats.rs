@@ -106,6 +106,10 @@ pub enum NatsError {
 /// Compare-and-set attempts per call before it is answered ABORTED.
 const MAX_ATTEMPTS: usize = 32;
 
+/// Longest ListSessions waits for this replica's mirror to reach the
+/// bucket's last write before answering UNAVAILABLE.
+const LIST_CATCH_UP: Duration = Duration::from_secs(10);
+
 /// Entries this replica remembers having written (see `EntryCache`).
 const ENTRY_CACHE_CAPACITY: usize = 65_536;
 
@@ -320,12 +324,9 @@ impl NatsCoordinator {
     ) -> Result<SessionPage, CoordError> {
         let info = self.inner.stream.get_info().await.map_err(unavailable)?;
         let target = info.state.last_sequence;
-        tokio::time::timeout(
-            self.inner.kv_timeout(),
-            self.inner.mirror.caught_up_to(target),
-        )
-        .await
-        .map_err(|_| unavailable("this replica's view of the bucket is behind; retry"))?;
+        tokio::time::timeout(LIST_CATCH_UP, self.inner.mirror.caught_up_to(target))
+            .await
+            .map_err(|_| unavailable("this replica's view of the bucket is behind; retry"))?;
         let (sessions, next, seq) = self
             .inner
             .mirror
@@ -480,10 +481,6 @@ async fn ensure_bucket(
 }
 
 impl Inner {
-    fn kv_timeout(&self) -> Duration {
-        Duration::from_secs(10)
-    }
-
     async fn read(&self, key: &str) -> Result<Read, CoordError> {
         match self.kv.entry(key).await.map_err(unavailable)? {
             None => Ok(Read::Absent { revision: 0 }),
@@ -677,7 +674,9 @@ impl Inner {
                             tracing::debug!(session_id = %id, "forgot terminated session");
                             return Ok(());
                         }
-                        Err(error) if error.to_string().contains("wrong last sequence") => continue,
+                        Err(error) if error.kind() == UpdateErrorKind::WrongLastRevision => {
+                            continue
+                        }
                         Err(error) => return Err(unavailable(error)),
                     }
                 }
