@@ -68,7 +68,7 @@ fn nats_server_version(binary: &str) -> Option<(u64, u64, u64)> {
 }
 const NODES: usize = 3;
 const GATEWAYS: usize = 4;
-const SESSIONS: usize = 8;
+const SESSIONS: usize = 48;
 /// Load before the kill.
 const WARM_UP: Duration = Duration::from_secs(2);
 /// Load after the kill, at least (and until every gateway made progress).
