@@ -348,6 +348,12 @@ impl NatsCoordinator {
         id: &SessionId,
         after_revision: Option<u64>,
     ) -> Result<Subscription, CoordError> {
+        // Opening a watch is a call naming the session (idle expiry counts
+        // it, as the memory backend does); keeping it open is not.
+        match self.inner.touch(id).await {
+            Ok(_) | Err(CoordError::SessionNotFound(_)) => {}
+            Err(error) => return Err(error),
+        }
         let (live, release) = self.inner.mirror.subscribe_session(id);
         let key = entry::key(id);
         let read = self.inner.read(&key).await?;
