@@ -193,6 +193,15 @@ impl EventLog {
         self.generation.load(Ordering::Acquire)
     }
 
+    /// As [`EventLog::subscribe_all`], seeing only the sessions in `scope`.
+    pub fn subscribe_all_within(
+        self: &Arc<Self>,
+        scope: &SessionScope,
+        after_seq: Option<u64>,
+    ) -> Result<Subscription, CoordError> {
+        Ok(self.subscribe_all(after_seq)?.within(scope.clone()))
+    }
+
     /// Watch every session from `after_seq` (replaying what is retained) or,
     /// with `None`, from now on.
     pub fn subscribe_all(

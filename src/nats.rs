@@ -28,7 +28,7 @@ mod mirror;
 use std::{
     collections::{HashMap, VecDeque},
     sync::{Arc, PoisonError},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use async_nats::jetstream::{
@@ -39,8 +39,6 @@ use async_nats::jetstream::{
 use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
-pub use entry::SEQS_PER_WRITE;
-
 use crate::{
     backend::{PageToken, SessionPage},
     error::CoordError,
@@ -48,7 +46,7 @@ use crate::{
     ids::{RequestId, ResponseId, SessionId, SessionScope},
     machine::{FinishStatus, Outcome, Phase, Source, TeardownReason},
     nats::mirror::Mirror,
-    registry::{Changed, RegistryConfig, Started},
+    registry::{Changed, Clock, RegistryConfig, Started},
     session::{Call, ExpiryCheck, Millis, Session, SessionSnapshot, Stamp, StartRecord, Ttls},
     stats::CoordStats,
     sync::Mutex,
@@ -151,16 +149,11 @@ fn seed_servers(url: &str) -> Vec<&str> {
         .collect()
 }
 
-fn unix_nanos() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-}
-
+/// Wall-clock milliseconds: the NATS backend's session deadlines must mean
+/// the same on every replica, so they are wall time, not a process's
+/// monotonic clock.
 fn unix_millis() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    u64::try_from(Clock::unix_nanos() / 1_000_000).unwrap_or(0)
 }
 
 fn millis(duration: Duration) -> Millis {
@@ -254,7 +247,7 @@ impl NatsCoordinator {
                 stats: Mutex::default(),
                 replica: format!(
                     "{:016x}",
-                    unix_nanos() as u64 ^ u64::from(std::process::id())
+                    Clock::unix_nanos() as u64 ^ u64::from(std::process::id())
                 ),
                 follower,
             }),
@@ -541,13 +534,11 @@ impl Inner {
                 None => self.read(&key).await?,
             };
             let (expected, mut session, mut last_response, stored_since, created) = match read {
-                Read::Live { revision, entry } => (
-                    revision,
-                    Session::from_persisted(entry.persisted.clone()),
-                    entry.last_response,
-                    Some(entry.persisted.since),
-                    false,
-                ),
+                Read::Live { revision, entry } => {
+                    let since = entry.persisted.since;
+                    let session = Session::from_persisted(entry.persisted);
+                    (revision, session, entry.last_response, Some(since), false)
+                }
                 Read::Absent { .. } if !creates => {
                     return Err(CoordError::SessionNotFound(id.clone()))
                 }
@@ -577,7 +568,7 @@ impl Inner {
                     return Ok((outcome, session.snapshot(id), Some(record)));
                 }
             }
-            let nanos = unix_nanos();
+            let nanos = Clock::unix_nanos();
             // Ids keep rising within a session and, being wall-clock
             // nanoseconds at least, across a forgotten session's successor
             // (see docs/cluster.md on clocks).
@@ -635,25 +626,24 @@ impl Inner {
                 Read::Absent { .. } => return Err(CoordError::SessionNotFound(id.clone())),
             };
             let now = unix_millis();
-            let mut session = Session::from_persisted(entry.persisted.clone());
+            let touch_due = entry.persisted.phase != Phase::Terminated
+                && now.saturating_sub(entry.persisted.since) >= self.touch_interval;
+            let mut session = Session::from_persisted(entry.persisted);
             let snapshot = session.snapshot(id);
-            if entry.persisted.phase == Phase::Terminated
-                || now.saturating_sub(entry.persisted.since) < self.touch_interval
-            {
+            if !touch_due {
                 return Ok(snapshot);
             }
             session.touch(now);
-            let value = entry::encode(
-                &session.persisted(),
-                entry.last_response,
-                &[],
-                entry.unix_nanos,
-            );
+            let persisted = session.persisted();
+            let value = entry::encode(&persisted, entry.last_response, &[], entry.unix_nanos);
             if let Some(revision) = self.write(&key, value, revision).await? {
-                let mut entry = entry;
-                entry.persisted = session.persisted();
-                entry.events.clear();
-                self.cache.put(id, revision, entry);
+                let touched = entry::Entry {
+                    persisted,
+                    last_response: entry.last_response,
+                    events: Vec::new(),
+                    unix_nanos: entry.unix_nanos,
+                };
+                self.cache.put(id, revision, touched);
                 return Ok(snapshot);
             }
         }
@@ -670,7 +660,7 @@ impl Inner {
                 Read::Absent { .. } => return Ok(()),
             };
             let now = unix_millis();
-            let mut session = Session::from_persisted(entry.persisted.clone());
+            let mut session = Session::from_persisted(entry.persisted);
             match session.expiry_check(now, self.ttls) {
                 ExpiryCheck::NotBefore(_) => return Ok(()),
                 ExpiryCheck::Forget => {
@@ -690,7 +680,7 @@ impl Inner {
                     let call = Call::Teardown {
                         reason: TeardownReason::Expired,
                     };
-                    let nanos = unix_nanos();
+                    let nanos = Clock::unix_nanos();
                     let stamp = Stamp {
                         first_seq: 0,
                         unix_nanos: nanos,
@@ -858,9 +848,12 @@ impl EntryCache {
     }
 }
 
+/// The shard of the per-session locks and the entry cache. Fixed-seeded:
+/// both tables must agree for the process's life, and they are bounded by
+/// calls in flight and the cache capacity, not by client choice of ids.
 fn shard_of(id: &SessionId, shards: usize) -> usize {
-    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-    let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(id.as_str());
+    use std::hash::BuildHasher;
+    let hash = foldhash::fast::FixedState::default().hash_one(id.as_str());
     (hash % shards as u64) as usize
 }
 

@@ -101,7 +101,8 @@ impl Clock {
         self.origin + Duration::from_millis(at)
     }
 
-    fn unix_nanos() -> i64 {
+    /// Wall time for event stamps (and the NATS backend's deadlines).
+    pub(crate) fn unix_nanos() -> i64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
@@ -574,7 +575,7 @@ impl Registry {
         scope: &SessionScope,
         after_seq: Option<u64>,
     ) -> Result<Subscription, CoordError> {
-        Ok(self.watch_all(after_seq)?.within(scope.clone()))
+        self.inner.log.subscribe_all_within(scope, after_seq)
     }
 
     /// The counters of every shard, summed (one short lock per shard).

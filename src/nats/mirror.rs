@@ -329,7 +329,7 @@ impl Mirror {
         scope: &SessionScope,
         after_seq: Option<u64>,
     ) -> Result<Subscription, CoordError> {
-        Ok(self.log.subscribe_all(after_seq)?.within(scope.clone()))
+        self.log.subscribe_all_within(scope, after_seq)
     }
 }
 
