@@ -190,14 +190,14 @@ impl Coordinator {
         }
     }
 
-    pub fn watch_all(
+    pub async fn watch_all(
         &self,
         scope: &SessionScope,
         after_seq: Option<u64>,
     ) -> Result<Subscription, CoordError> {
         match self {
             Coordinator::Memory(registry) => registry.watch_all_scoped(scope, after_seq),
-            Coordinator::Nats(nats) => nats.watch_all(scope, after_seq),
+            Coordinator::Nats(nats) => nats.watch_all(scope, after_seq).await,
         }
     }
 

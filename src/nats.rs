@@ -368,12 +368,23 @@ impl NatsCoordinator {
             .session_subscription(backlog, live, release, skip_through, terminated))
     }
 
-    pub fn watch_all(
+    /// Watch every session. "From now" means from the bucket's now, not
+    /// this replica's mirror's (which may trail it): events of writes
+    /// acknowledged before the call are skipped when they reach the mirror,
+    /// as ListSessions waits for them.
+    pub async fn watch_all(
         &self,
         scope: &SessionScope,
         after_seq: Option<u64>,
     ) -> Result<Subscription, CoordError> {
-        self.inner.mirror.watch_all(scope, after_seq)
+        let from = match after_seq {
+            Some(after) => after,
+            None => {
+                let info = self.inner.stream.get_info().await.map_err(unavailable)?;
+                entry::last_seq_of_write(info.state.last_sequence)
+            }
+        };
+        self.inner.mirror.watch_all(scope, Some(from))
     }
 
     pub fn session_count(&self) -> usize {

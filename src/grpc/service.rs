@@ -232,7 +232,7 @@ impl ResponseCoordinator for CoordinatorService {
                     .watch_session(&session_id, after_revision)
                     .await?
             }
-            WatchTarget::All { after_seq } => self.coordinator.watch_all(&scope, after_seq)?,
+            WatchTarget::All { after_seq } => self.coordinator.watch_all(&scope, after_seq).await?,
         };
         let (tx, rx) = mpsc::channel(self.watch.stream_buffer.max(1));
         // The pump runs in the RPC's span: the span lasts as long as the
