@@ -190,7 +190,7 @@ const implementations: Record<string, Implementation> = {
         }
       });
       stream.on("error", (error: ServiceError) => {
-        if (error.code !== (GrpcStatus.CANCELLED as number)) allEnded.resolve(undefined);
+        if ((error.code as number) !== (GrpcStatus.CANCELLED as number)) allEnded.resolve(undefined);
       });
       scope.defer(() => {
         stream.cancel();
