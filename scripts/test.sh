@@ -15,6 +15,10 @@ cargo test --locked --all-targets --features client "$@"
 # The whole end-to-end suite again, against the NATS JetStream backend.
 RESPCOORD_TEST_BACKEND=nats cargo test --locked --features client \
   --test e2e_semantics --test e2e_watch --test e2e_validation --test e2e_concurrency "$@"
+# The other languages' clients against the real server and the scenario
+# fixture (clients/scenarios/): the binaries they spawn, then each suite.
+cargo build --locked --features client --bin respcoord --example scenario_fixture
+./scripts/test-typescript.sh
 # Shuttle's thread interleavings of the real registry: a build with the
 # test-only `shuttle` feature (src/sync.rs), which only this target may use.
 cargo test --locked --features shuttle --test shuttle_registry

@@ -15,34 +15,27 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     process::{Command, Stdio},
-    sync::{
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-        Arc, Mutex,
-    },
     time::{Duration, Instant},
 };
 
 use common::{check_invariants, TestServer, PATIENCE};
 use respcoord::{
-    auth::Tokens,
+    auth::{Authenticator, Tokens},
     client::{
         Client, ConnectOptions, Finished, RetryPolicy, RunOutcome, StartOptions, StopReason,
         Terminal, TlsOptions,
     },
     grpc::{CoordinatorService, WatchSettings},
-    proto::v1::{
-        self as pb,
-        response_coordinator_server::{ResponseCoordinator, ResponseCoordinatorServer},
-        Source,
-    },
+    proto::v1::{self as pb, response_coordinator_server::ResponseCoordinatorServer, Source},
     registry::{Registry, RegistryConfig},
     server::{Pem, ServerConfig, TlsConfig},
 };
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tonic::{
+    service::interceptor::InterceptedService,
     transport::{server::TcpIncoming, Server},
-    Code, Request, Response, Status,
+    Code,
 };
 
 const CTL: &str = env!("CARGO_BIN_EXE_respcoordctl");
@@ -60,74 +53,107 @@ async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> 
         .unwrap_or_else(|_| panic!("{what}: not within {PATIENCE:?}"))
 }
 
+// ---- the shared client scenarios ----
+
+/// The cross-language client scenarios (clients/scenarios/scenarios.json)
+/// and the test of this suite that implements each. The Python and
+/// TypeScript clients run the same ids against the same counting service.
+const SCENARIOS: &[(&str, &str)] = &[
+    (
+        "superseded_by_another_gateway",
+        "a_response_superseded_by_another_gateway_is_stopped_and_fenced",
+    ),
+    (
+        "cancelled_and_shut_down_by_another_gateway",
+        "cancel_and_shutdown_from_another_gateway_stop_responses",
+    ),
+    (
+        "finish_vs_cancel_race",
+        "finish_is_sent_at_most_once_and_exactly_when_the_body_ended_first",
+    ),
+    (
+        "lost_start_reply_is_replayed",
+        "a_start_retried_after_a_lost_reply_is_a_replay_not_a_supersede",
+    ),
+    (
+        "coordinator_down_then_back",
+        "a_start_sent_while_the_coordinator_is_down_retries_until_it_is_back_once",
+    ),
+    (
+        "watch_broken_and_resumed",
+        "the_watch_resumes_after_a_broken_connection_and_catches_up",
+    ),
+    (
+        "coordinator_restart_mid_run",
+        "a_coordinator_restart_mid_run_is_survived",
+    ),
+    (
+        "bearer_token_on_every_call",
+        "the_bearer_token_goes_on_every_call_including_the_watch",
+    ),
+    (
+        "mutual_tls_with_scoped_token",
+        "mutual_tls_and_a_scoped_token_work_for_the_library_and_the_cli",
+    ),
+    ("cancel_propagation_latency", "cancel_propagation_latency"),
+];
+
+fn shared_scenarios() -> Vec<serde_json::Value> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/clients/scenarios/scenarios.json"
+    );
+    let text = std::fs::read_to_string(path).expect("clients/scenarios/scenarios.json");
+    let file: serde_json::Value = serde_json::from_str(&text).expect("scenarios.json is JSON");
+    file["scenarios"]
+        .as_array()
+        .expect("a scenarios list")
+        .clone()
+}
+
+/// The `params` of shared scenario `id`.
+fn scenario_params(id: &str) -> serde_json::Value {
+    shared_scenarios()
+        .into_iter()
+        .find(|scenario| scenario["id"] == id)
+        .unwrap_or_else(|| panic!("scenario {id} is not in scenarios.json"))["params"]
+        .clone()
+}
+
+#[test]
+fn every_shared_scenario_is_implemented() {
+    let listed: std::collections::BTreeSet<String> = shared_scenarios()
+        .iter()
+        .map(|scenario| scenario["id"].as_str().expect("an id").to_owned())
+        .collect();
+    let implemented: std::collections::BTreeSet<String> =
+        SCENARIOS.iter().map(|(id, _)| (*id).to_owned()).collect();
+    assert_eq!(
+        listed, implemented,
+        "scenarios.json and this suite disagree"
+    );
+    let source = include_str!("client.rs");
+    for (id, test) in SCENARIOS {
+        assert!(
+            source.contains(&format!("async fn {test}()")),
+            "scenario {id}: no test named {test}"
+        );
+    }
+}
+
 // ---- a coordinator that counts what reaches it ----
 
-/// The real service, wrapped to record every Finish that reaches the server
-/// and to lose the first Start reply on demand (the Start applies, the
-/// caller sees UNAVAILABLE), as a dropped connection would.
-#[derive(Clone)]
-struct Counting {
-    inner: Arc<CoordinatorService>,
-    finishes: Arc<Mutex<Vec<u64>>>,
-    starts: Arc<AtomicUsize>,
-    lose_next_start_reply: Arc<AtomicBool>,
-}
+#[path = "common/ca.rs"]
+#[allow(dead_code)] // write_mutual_tls_files is the fixture's
+mod ca;
+#[path = "common/counting.rs"]
+mod counting;
+#[path = "common/proxy.rs"]
+mod proxy;
 
-#[tonic::async_trait]
-impl ResponseCoordinator for Counting {
-    async fn start(
-        &self,
-        request: Request<pb::StartRequest>,
-    ) -> Result<Response<pb::StartResponse>, Status> {
-        self.starts.fetch_add(1, Ordering::SeqCst);
-        let reply = self.inner.start(request).await?;
-        if self.lose_next_start_reply.swap(false, Ordering::SeqCst) {
-            return Err(Status::unavailable("reply lost on the way back"));
-        }
-        Ok(reply)
-    }
-    async fn finish(
-        &self,
-        request: Request<pb::FinishRequest>,
-    ) -> Result<Response<pb::FinishResponse>, Status> {
-        self.finishes
-            .lock()
-            .unwrap()
-            .push(request.get_ref().response_id);
-        self.inner.finish(request).await
-    }
-    async fn cancel(
-        &self,
-        request: Request<pb::CancelRequest>,
-    ) -> Result<Response<pb::CancelResponse>, Status> {
-        self.inner.cancel(request).await
-    }
-    async fn shutdown(
-        &self,
-        request: Request<pb::ShutdownRequest>,
-    ) -> Result<Response<pb::ShutdownResponse>, Status> {
-        self.inner.shutdown(request).await
-    }
-    async fn get_state(
-        &self,
-        request: Request<pb::GetStateRequest>,
-    ) -> Result<Response<pb::GetStateResponse>, Status> {
-        self.inner.get_state(request).await
-    }
-    async fn list_sessions(
-        &self,
-        request: Request<pb::ListSessionsRequest>,
-    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
-        self.inner.list_sessions(request).await
-    }
-    type WatchStream = <CoordinatorService as ResponseCoordinator>::WatchStream;
-    async fn watch(
-        &self,
-        request: Request<pb::WatchRequest>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
-        self.inner.watch(request).await
-    }
-}
+use ca::Ca;
+use counting::Counting;
+use proxy::Proxy;
 
 struct Coordinator {
     addr: SocketAddr,
@@ -146,31 +172,18 @@ impl Coordinator {
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
         let registry = Registry::new(RegistryConfig::default());
-        let counting = Counting {
-            inner: Arc::new(CoordinatorService::new(
-                registry.into(),
-                WatchSettings::default(),
-                stop.clone(),
-            )),
-            finishes: Arc::default(),
-            starts: Arc::default(),
-            lose_next_start_reply: Arc::default(),
-        };
-        let check = move |request: Request<()>| -> Result<Request<()>, Status> {
-            match token {
-                None => Ok(request),
-                Some(token) => {
-                    let expected = format!("Bearer {token}");
-                    match request.metadata().get("authorization") {
-                        Some(value) if value.to_str().ok() == Some(expected.as_str()) => {
-                            Ok(request)
-                        }
-                        _ => Err(Status::unauthenticated("a valid bearer token is required")),
-                    }
-                }
-            }
-        };
-        let service = ResponseCoordinatorServer::with_interceptor(counting.clone(), check);
+        let counting = Counting::new(CoordinatorService::new(
+            registry.into(),
+            WatchSettings::default(),
+            stop.clone(),
+        ));
+        // The real interceptor: with no token it records the every-session
+        // scope, as the server does.
+        let tokens = token.map(|token| Tokens::parse(token).expect("a valid test token"));
+        let service = InterceptedService::new(
+            ResponseCoordinatorServer::new(counting.clone()),
+            Authenticator::new(tokens),
+        );
         let shutdown = stop.clone();
         let handle = tokio::spawn(async move {
             Server::builder()
@@ -195,8 +208,7 @@ impl Coordinator {
     }
 
     fn finishes_of(&self, id: u64) -> usize {
-        let finishes = self.counting.finishes.lock().unwrap();
-        finishes.iter().filter(|&&f| f == id).count()
+        self.counting.finishes_of(id)
     }
 
     async fn stop(self) {
@@ -335,14 +347,16 @@ async fn finish_is_sent_at_most_once_and_exactly_when_the_body_ended_first() {
         .unwrap()
         .into_inner();
 
-    const ROUNDS: usize = 150;
+    let params = scenario_params("finish_vs_cancel_race");
+    let rounds = |key: &str| params[key].as_u64().expect("a number");
+    let (round_count, max_delay) = (rounds("rounds") as usize, rounds("max_delay_micros"));
     let (mut completed, mut stopped, mut not_sent) = (0, 0, 0);
-    for round in 0..ROUNDS {
+    for round in 0..round_count {
         let name = format!("race-{round}");
         let a_session = a.session(&name).unwrap();
         let b_session = b.session(&name).unwrap();
-        let body_delay = Duration::from_micros(fastrand::u64(..3000));
-        let cancel_delay = Duration::from_micros(fastrand::u64(..3000));
+        let body_delay = Duration::from_micros(fastrand::u64(..max_delay));
+        let cancel_delay = Duration::from_micros(fastrand::u64(..max_delay));
         let (started_tx, started_rx) = oneshot::channel();
         let run = tokio::spawn(async move {
             a_session
@@ -381,7 +395,7 @@ async fn finish_is_sent_at_most_once_and_exactly_when_the_body_ended_first() {
     // Every started response has exactly one terminal on the coordinator.
     let mut events = Vec::new();
     let mut ended = 0;
-    while ended < ROUNDS {
+    while ended < round_count {
         let message = within("the recording", recording.message())
             .await
             .unwrap()
@@ -394,9 +408,9 @@ async fn finish_is_sent_at_most_once_and_exactly_when_the_body_ended_first() {
         events.extend(message.events);
     }
     let report = check_invariants(&events);
-    assert_eq!((report.started, report.ended), (ROUNDS, ROUNDS));
+    assert_eq!((report.started, report.ended), (round_count, round_count));
     println!(
-        "finish races over {ROUNDS} rounds: body first {completed}, stopped first {stopped}, \
+        "finish races over {round_count} rounds: body first {completed}, stopped first {stopped}, \
          stopped between body and Finish {not_sent}"
     );
     coordinator.stop().await;
@@ -410,12 +424,9 @@ async fn a_start_retried_after_a_lost_reply_is_a_replay_not_a_supersede() {
     let a = connect(&coordinator.endpoint()).await;
     let session = a.session("retry-1").unwrap();
 
-    coordinator
-        .counting
-        .lose_next_start_reply
-        .store(true, Ordering::SeqCst);
+    coordinator.counting.lose_next_start_reply();
     let response = session.start(Source::Client).await.unwrap();
-    assert_eq!(coordinator.counting.starts.load(Ordering::SeqCst), 2);
+    assert_eq!(coordinator.counting.starts(), 2);
     assert!(
         response.replayed(),
         "the second attempt is answered as a replay"
@@ -470,60 +481,10 @@ async fn a_start_sent_while_the_coordinator_is_down_retries_until_it_is_back_onc
 
 // ---- the shared watch: resume, restart ----
 
-/// A loopback TCP proxy whose connections can all be cut at once.
-struct Proxy {
-    addr: SocketAddr,
-    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    accept: JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(upstream: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let accept = tokio::spawn({
-            let connections = Arc::clone(&connections);
-            async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
-                    let connection = tokio::spawn(async move {
-                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
-                            let _ = inbound.set_nodelay(true);
-                            let _ = outbound.set_nodelay(true);
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                        }
-                    });
-                    connections.lock().unwrap().push(connection);
-                }
-            }
-        });
-        Self {
-            addr,
-            connections,
-            accept,
-        }
-    }
-
-    /// Drops every open connection (both sockets close).
-    fn cut(&self) {
-        for connection in self.connections.lock().unwrap().drain(..) {
-            connection.abort();
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.cut();
-        self.accept.abort();
-    }
-}
-
 #[tokio::test]
 async fn the_watch_resumes_after_a_broken_connection_and_catches_up() {
     let server = TestServer::start().await;
-    let proxy = Proxy::start(server.addr).await;
+    let proxy = Proxy::start(server.addr).await.expect("proxy");
     let a = connect(&format!("http://{}", proxy.addr)).await;
     let b = connect(&server.endpoint()).await;
     let session = a.session("resume-1").unwrap();
@@ -658,12 +619,14 @@ async fn a_coordinator_restart_mid_run_is_survived() {
 
 #[tokio::test]
 async fn the_bearer_token_goes_on_every_call_including_the_watch() {
-    let coordinator = Coordinator::serve(None, Some("s3cret")).await;
+    let params = scenario_params("bearer_token_on_every_call");
+    let scenario_token: &'static str = params["token"].as_str().expect("token").to_owned().leak();
+    let coordinator = Coordinator::serve(None, Some(scenario_token)).await;
     let anonymous = connect(&coordinator.endpoint()).await;
     let refused = anonymous.get_state("x").await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated);
 
-    let options = ConnectOptions::new(coordinator.endpoint()).with_token("s3cret");
+    let options = ConnectOptions::new(coordinator.endpoint()).with_token(scenario_token);
     let a = Client::connect(options.clone()).await.unwrap();
     let b = Client::connect(options).await.unwrap();
     let response = a
@@ -685,38 +648,6 @@ async fn the_bearer_token_goes_on_every_call_including_the_watch() {
 }
 
 // ---- TLS, mutual TLS and a scoped token against the real server ----
-
-struct Ca {
-    pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Self {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let pem = params.self_signed(&key).unwrap().pem();
-        Self {
-            pem,
-            issuer: rcgen::Issuer::new(params, key),
-        }
-    }
-
-    /// A leaf certificate for `name` (also its DNS SAN): (cert PEM, key PEM).
-    fn leaf(&self, name: &str) -> (String, String) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 struct TempDir(PathBuf);
 
@@ -747,9 +678,9 @@ impl Drop for TempDir {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_and_a_scoped_token_work_for_the_library_and_the_cli() {
     const TOKEN: &str = "gateway-token-0123456789abcdef";
-    let (server_ca, client_ca) = (Ca::new("server CA"), Ca::new("client CA"));
+    let (server_ca, client_ca) = (Ca::new("server CA").unwrap(), Ca::new("client CA").unwrap());
     let dir = TempDir::new("mtls");
-    let (cert, key) = server_ca.leaf("localhost");
+    let (cert, key) = server_ca.leaf("localhost").unwrap();
     let server = TestServer::with_config(ServerConfig {
         tls: Some(TlsConfig {
             cert: Pem::certificates(&dir.file("server.pem", &cert)).unwrap(),
@@ -760,7 +691,7 @@ async fn mutual_tls_and_a_scoped_token_work_for_the_library_and_the_cli() {
         ..Default::default()
     })
     .await;
-    let (gateway_cert, gateway_key) = client_ca.leaf("gateway-1");
+    let (gateway_cert, gateway_key) = client_ca.leaf("gateway-1").unwrap();
     let tls = TlsOptions {
         ca: Some(dir.file("ca.pem", &server_ca.pem)),
         cert: Some(dir.file("gateway.pem", &gateway_cert)),
@@ -879,10 +810,12 @@ async fn cancel_propagation_latency() {
     let server = TestServer::start().await;
     let a = connect(&server.endpoint()).await;
     let b = connect(&server.endpoint()).await;
-    const ROUNDS: usize = 300;
-    let mut latencies = Vec::with_capacity(ROUNDS);
-    for round in 0..ROUNDS {
-        let name = format!("latency-{}", round % 16);
+    let params = scenario_params("cancel_propagation_latency");
+    let number = |key: &str| params[key].as_u64().expect("a number") as usize;
+    let (round_count, sessions) = (number("rounds"), number("sessions"));
+    let mut latencies = Vec::with_capacity(round_count);
+    for round in 0..round_count {
+        let name = format!("latency-{}", round % sessions);
         let a_session = a.session(&name).unwrap();
         let b_session = b.session(&name).unwrap();
         let (started_tx, started_rx) = oneshot::channel();
@@ -911,7 +844,7 @@ async fn cancel_propagation_latency() {
     latencies.sort();
     let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
     println!(
-        "cancel propagation, B's call to A's body stopped, {ROUNDS} rounds over loopback: \
+        "cancel propagation, B's call to A's body stopped, {round_count} rounds over loopback: \
          p50 {:?}, p99 {:?}, max {:?}",
         at(0.50),
         at(0.99),
@@ -1126,7 +1059,7 @@ async fn respcoordctl_commands_json_and_exit_codes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn respcoordctl_sends_the_token_from_a_file_or_the_environment() {
-    let coordinator = Coordinator::serve(None, Some("t0ken")).await;
+    let coordinator = Coordinator::serve(None, Some("t0ken-for-the-ctl-tests")).await;
     let e = coordinator.endpoint();
     let refused = ctl(&e, &["get", "x"], &[]).await;
     assert_eq!(refused.code, 7, "{}", refused.stderr);
@@ -1134,11 +1067,16 @@ async fn respcoordctl_sends_the_token_from_a_file_or_the_environment() {
     let dir = std::env::temp_dir().join(format!("respcoordctl-token-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("token");
-    std::fs::write(&file, "t0ken\n").unwrap();
+    std::fs::write(&file, "t0ken-for-the-ctl-tests\n").unwrap();
     let file = file.to_str().unwrap();
     let by_file = ctl(&e, &["start", "tok", "--token-file", file], &[]).await;
     assert_eq!(by_file.code, 0, "{}", by_file.stderr);
-    let by_env = ctl(&e, &["get", "tok"], &[("RESPCOORDCTL_TOKEN", "t0ken")]).await;
+    let by_env = ctl(
+        &e,
+        &["get", "tok"],
+        &[("RESPCOORDCTL_TOKEN", "t0ken-for-the-ctl-tests")],
+    )
+    .await;
     assert_eq!(by_env.code, 0, "{}", by_env.stderr);
     let missing = ctl(
         &e,
