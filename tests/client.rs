@@ -165,7 +165,7 @@ struct Coordinator {
 impl Coordinator {
     /// Serves on `addr` (a fresh port if None); `token` makes every call
     /// require `authorization: Bearer <token>`.
-    async fn serve(addr: Option<SocketAddr>, token: Option<&'static str>) -> Self {
+    async fn serve(addr: Option<SocketAddr>, token: Option<&str>) -> Self {
         let listener = TcpListener::bind(addr.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap()))
             .await
             .expect("bind");
@@ -620,7 +620,7 @@ async fn a_coordinator_restart_mid_run_is_survived() {
 #[tokio::test]
 async fn the_bearer_token_goes_on_every_call_including_the_watch() {
     let params = scenario_params("bearer_token_on_every_call");
-    let scenario_token: &'static str = params["token"].as_str().expect("token").to_owned().leak();
+    let scenario_token = params["token"].as_str().expect("token");
     let coordinator = Coordinator::serve(None, Some(scenario_token)).await;
     let anonymous = connect(&coordinator.endpoint()).await;
     let refused = anonymous.get_state("x").await.unwrap_err();
