@@ -14,8 +14,10 @@ done
 cd "$root/clients/typescript"
 npm ci --no-audit --no-fund
 npm run codegen:check
-npm run typecheck
-npm run lint
+# Build first: the tests import the package by its name (its `exports` map,
+# resolved to dist/), so the type check and the lint need dist/ to exist.
 rm -rf dist build
 npm run build
+npm run typecheck
+npm run lint
 npm test
