@@ -19,6 +19,7 @@ RESPCOORD_TEST_BACKEND=nats cargo test --locked --features client \
 # fixture (clients/scenarios/): the binaries they spawn, then each suite.
 cargo build --locked --features client --bin respcoord --example scenario_fixture
 ./scripts/test-typescript.sh
+./scripts/test-python.sh
 # Shuttle's thread interleavings of the real registry: a build with the
 # test-only `shuttle` feature (src/sync.rs), which only this target may use.
 cargo test --locked --features shuttle --test shuttle_registry
