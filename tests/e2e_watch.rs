@@ -520,7 +520,7 @@ async fn a_slow_reader_beside_fast_superseding_writers_gets_each_revision_once()
     }
     let last = writing.await.expect("writers");
     assert_eq!(last, 3 * (WRITERS * STARTS_EACH) as u64 + 4);
-    match ending {
+    match &ending {
         Some(Ok(())) => assert_eq!(delivered, last, "a clean end follows `terminated`"),
         Some(Err(status)) => {
             assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
