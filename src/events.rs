@@ -231,6 +231,8 @@ impl EventLog {
             Scope::All {
                 skip_through_seq: skip_through,
             },
+            // Taken under the lock that orders publication, so no event can be
+            // both here and live; the handover rule is still the shared one.
             backlog,
             live,
             Arc::clone(self),
@@ -256,10 +258,51 @@ impl LogInner {
 
 /// What a watch covers, and which live events it has already been given (or
 /// asked to skip) through its backlog.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Scope {
     Session { skip_through_revision: u64 },
     All { skip_through_seq: u64 },
+}
+
+impl Scope {
+    /// A session watch asked for events after `after_revision` (or, with
+    /// `None`, live ones only) of a session read at revision `current`.
+    /// Both backends open session watches through this, so they skip alike.
+    pub(crate) fn session(after_revision: Option<u64>, current: u64) -> Self {
+        Scope::Session {
+            skip_through_revision: after_revision.unwrap_or(current),
+        }
+    }
+
+    /// The scope once `backlog` is the watch's replay: live events the
+    /// backlog already holds are skipped, whatever it was asked to skip.
+    ///
+    /// This is the one handover rule of every watch (`Subscription::new`
+    /// applies it), and it is decided from what the backlog actually holds,
+    /// not from a revision read at another moment: a backend that reads its
+    /// backlog after subscribing to the live stream (NATS: the key's history,
+    /// fetched after the entry was read) can find there events that also
+    /// arrive live, and delivering both would repeat revisions. A backlog
+    /// taken under the lock that orders publication (memory) holds nothing
+    /// that arrives live, so for it this changes nothing.
+    pub(crate) fn after_backlog(self, backlog: &VecDeque<SharedEvent>) -> Self {
+        match self {
+            Scope::Session {
+                skip_through_revision,
+            } => Scope::Session {
+                skip_through_revision: backlog
+                    .iter()
+                    .map(|e| e.revision)
+                    .fold(skip_through_revision, u64::max),
+            },
+            Scope::All { skip_through_seq } => Scope::All {
+                skip_through_seq: backlog
+                    .iter()
+                    .map(|e| e.seq)
+                    .fold(skip_through_seq, u64::max),
+            },
+        }
+    }
 }
 
 /// A watch ended because its watcher fell behind the live stream.
@@ -302,8 +345,9 @@ impl Drop for OnDrop {
 }
 
 /// One watcher's view of the stream: the retained backlog it asked for, then
-/// live events, with no gap and no duplicate between the two (both were taken
-/// under the lock that orders publication).
+/// live events, with no gap and no duplicate between the two: the live
+/// receiver was subscribed before the backlog was read (no gap), and live
+/// events the backlog holds are skipped (no duplicate, `Scope::after_backlog`).
 pub struct Subscription {
     backlog: VecDeque<SharedEvent>,
     // Field order matters: the receiver must be dropped before `_release`
@@ -331,9 +375,9 @@ impl Subscription {
     ) -> Self {
         let generation = log.generation();
         Self {
+            scope: scope.after_backlog(&backlog),
             backlog,
             live,
-            scope,
             filter: SessionScope::All,
             log,
             finished: false,
@@ -492,3 +536,6 @@ pub enum Bookmark {
     /// The stream is not quiet (backlog pending) or is ending.
     NotNow,
 }
+
+#[cfg(test)]
+mod tests;

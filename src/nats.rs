@@ -24,6 +24,8 @@
 mod entry;
 mod expiry;
 mod mirror;
+#[cfg(test)]
+mod watch_tests;
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -42,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     backend::{PageToken, SessionPage},
     error::CoordError,
-    events::{EventLog, LogLimits, Subscription},
+    events::{EventLog, LogLimits, Scope, Subscription},
     ids::{RequestId, ResponseId, SessionId, SessionScope},
     machine::{FinishStatus, Outcome, Phase, Source, TeardownReason},
     nats::mirror::Mirror,
@@ -334,12 +336,26 @@ impl NatsCoordinator {
     /// Watch one session: its retained entries with revision above
     /// `after_revision` from the key's history in the bucket, then live
     /// events from this replica's mirror, with no gap and no duplicate
-    /// (subscribed before the bucket is read; live events at or below what
-    /// the backlog covered are skipped).
+    /// (subscribed before the bucket is read; live events at or below the
+    /// last revision the backlog holds are skipped, see `Scope::after_backlog`).
     pub async fn watch_session(
         &self,
         id: &SessionId,
         after_revision: Option<u64>,
+    ) -> Result<Subscription, CoordError> {
+        self.watch_session_stepwise(id, after_revision, std::future::ready(()))
+            .await
+    }
+
+    /// [`NatsCoordinator::watch_session`], awaiting `between` after the
+    /// entry is read and before the key's history is fetched. Writes that
+    /// land there are in the backlog and arrive live as well; the tests
+    /// (`nats/watch_tests.rs`) write there to prove they come once.
+    async fn watch_session_stepwise(
+        &self,
+        id: &SessionId,
+        after_revision: Option<u64>,
+        between: impl std::future::Future<Output = ()>,
     ) -> Result<Subscription, CoordError> {
         // Opening a watch is a call naming the session (idle expiry counts
         // it, as the memory backend does); keeping it open is not.
@@ -357,15 +373,21 @@ impl NatsCoordinator {
             ),
             Read::Absent { .. } => (0, false),
         };
+        between.await;
+        // Fetched after the read, so it may hold revisions above `current`
+        // that also arrive live: the subscription skips live events through
+        // the backlog's last revision, not through `current`.
         let backlog = match after_revision {
             Some(after) if after < current => self.inner.history_after(id, &key, after).await?,
             _ => VecDeque::new(),
         };
-        let skip_through = after_revision.unwrap_or(0).max(current);
-        Ok(self
-            .inner
-            .mirror
-            .session_subscription(backlog, live, release, skip_through, terminated))
+        Ok(self.inner.mirror.session_subscription(
+            backlog,
+            live,
+            release,
+            Scope::session(after_revision, current),
+            terminated,
+        ))
     }
 
     /// Watch every session. "From now" means from the bucket's now, not
@@ -377,6 +399,19 @@ impl NatsCoordinator {
         scope: &SessionScope,
         after_seq: Option<u64>,
     ) -> Result<Subscription, CoordError> {
+        self.watch_all_stepwise(scope, after_seq, std::future::ready(()))
+            .await
+    }
+
+    /// [`NatsCoordinator::watch_all`], awaiting `between` after the bucket's
+    /// last sequence is read and before the watch subscribes to the mirror:
+    /// the tests (`nats/watch_tests.rs`) write there.
+    async fn watch_all_stepwise(
+        &self,
+        scope: &SessionScope,
+        after_seq: Option<u64>,
+        between: impl std::future::Future<Output = ()>,
+    ) -> Result<Subscription, CoordError> {
         let from = match after_seq {
             Some(after) => after,
             None => {
@@ -384,6 +419,10 @@ impl NatsCoordinator {
                 entry::last_seq_of_write(info.state.last_sequence)
             }
         };
+        between.await;
+        // The mirror's backlog and live stream are taken under the event
+        // log's lock, so this handover cannot repeat an event (and it uses
+        // the same rule as every other watch, `Scope::after_backlog`).
         self.inner.mirror.watch_all(scope, Some(from))
     }
 
@@ -735,10 +774,16 @@ impl Inner {
             let Ok(entry) = entry::decode(&stored.value) else {
                 continue;
             };
+            // Every event after this entry's first revision (for a touch,
+            // which carries none: after its revision) is in this entry or a
+            // later one; the events before it are gone. A history left with
+            // only touches therefore proves the events the watch asked for
+            // gone too (OUT_OF_RANGE), rather than passing for an empty,
+            // gap-free backlog.
+            oldest_seen.get_or_insert(entry.first_revision());
             if entry.events.is_empty() {
                 continue;
             }
-            oldest_seen.get_or_insert(entry.first_revision());
             events.extend(
                 entry
                     .lifecycle_events(id, stored.revision)

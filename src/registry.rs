@@ -547,11 +547,8 @@ impl Registry {
         let inner = Arc::clone(&self.inner);
         let released = id.clone();
         let release = OnDrop::new(move || inner.release_watcher(index, &released));
-        let scope = Scope::Session {
-            skip_through_revision: after_revision.unwrap_or(current),
-        };
         let subscription = Subscription::new(
-            scope,
+            Scope::session(after_revision, current),
             backlog,
             live,
             Arc::clone(&self.inner.log),

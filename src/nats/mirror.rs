@@ -298,25 +298,18 @@ impl Mirror {
         (live, release)
     }
 
-    /// A session watch: `backlog` (from the bucket) then live events above
-    /// `skip_through_revision`.
-    pub fn session_subscription(
+    /// A session watch: `backlog` (from the bucket) then live events beyond
+    /// both `scope` and the backlog (see `Scope::after_backlog`).
+    pub(crate) fn session_subscription(
         &self,
         backlog: std::collections::VecDeque<SharedEvent>,
         live: broadcast::Receiver<SharedEvent>,
         release: OnDrop,
-        skip_through_revision: u64,
+        scope: Scope,
         terminated: bool,
     ) -> Subscription {
-        let subscription = Subscription::new(
-            Scope::Session {
-                skip_through_revision,
-            },
-            backlog,
-            live,
-            Arc::clone(&self.log),
-            Some(release),
-        );
+        let subscription =
+            Subscription::new(scope, backlog, live, Arc::clone(&self.log), Some(release));
         if terminated {
             subscription.finish_after_backlog()
         } else {

@@ -1,0 +1,256 @@
+//! The NATS backend's watch handovers, with writes injected between the
+//! steps of a watch's setup (the `*_stepwise` seams), so each interleaving
+//! is run on purpose instead of hoped for under load: whatever lands there,
+//! the watch delivers every event exactly once, in order.
+//!
+//! Needs NATS with JetStream: `RESPCOORD_TEST_NATS_URL` (scripts/test.sh sets
+//! it and starts a server if none runs). Without that variable and without a
+//! server on 127.0.0.1:4222 these tests say so and pass vacuously, as
+//! tests/replicas.rs does; the test command never skips them.
+
+use std::time::Duration;
+
+use super::{NatsCoordinator, NatsSettings};
+use crate::{
+    error::CoordError,
+    events::{Delivery, SharedEvent, Subscription},
+    ids::{SessionId, SessionScope},
+    machine::Source,
+    registry::RegistryConfig,
+};
+
+/// How long a step may take before the test calls it missing. Generous:
+/// these tests never fail on speed, only on absence.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Whether NATS is there to test against (see the module docs).
+async fn nats_available() -> bool {
+    if std::env::var_os("RESPCOORD_TEST_NATS_URL").is_some() {
+        return true;
+    }
+    let reachable = tokio::net::TcpStream::connect("127.0.0.1:4222")
+        .await
+        .is_ok();
+    if !reachable {
+        eprintln!("no NATS on 127.0.0.1:4222 and RESPCOORD_TEST_NATS_URL unset: skipped");
+    }
+    reachable
+}
+
+/// A replica on a bucket no other test (or earlier run) uses, keeping
+/// `history` entries per key.
+async fn coordinator(history: u8, config: RegistryConfig) -> NatsCoordinator {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let bucket = format!(
+        "w{}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000_000,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let settings = NatsSettings {
+        url: std::env::var("RESPCOORD_TEST_NATS_URL")
+            .unwrap_or_else(|_| "nats://127.0.0.1:4222".into()),
+        bucket,
+        replicas: 1,
+        history,
+        request_timeout: Duration::from_secs(5),
+        memory_storage: true,
+        // Test buckets empty themselves; the server is shared with later runs.
+        max_age: Duration::from_secs(15 * 60),
+    };
+    NatsCoordinator::connect(&settings, config)
+        .await
+        .unwrap_or_else(|e| panic!("NATS backend for tests: {e}"))
+}
+
+fn sid(raw: &str) -> SessionId {
+    SessionId::parse(raw).unwrap()
+}
+
+/// Starts a response on `id` (superseding any live one).
+async fn start(c: &NatsCoordinator, id: &str) {
+    c.start(&sid(id), Source::Client, None).await.unwrap();
+}
+
+/// Reads `watch` until `done` says the events so far are all it waits for,
+/// or the watch ends.
+async fn read_until(
+    watch: &mut Subscription,
+    done: impl Fn(&[SharedEvent]) -> bool,
+) -> Vec<SharedEvent> {
+    let mut events = Vec::new();
+    while !done(&events) {
+        let next = tokio::time::timeout(PATIENCE, watch.next(64))
+            .await
+            .unwrap_or_else(|_| panic!("timed out after {events:?}"));
+        match next.unwrap_or_else(|lagged| panic!("lagged {lagged:?} after {events:?}")) {
+            Delivery::Events { events: got, last } => {
+                events.extend(got);
+                if last {
+                    break;
+                }
+            }
+            Delivery::End => break,
+        }
+    }
+    events
+}
+
+fn revisions(events: &[SharedEvent]) -> Vec<u64> {
+    events.iter().map(|e| e.revision).collect()
+}
+
+fn seqs(events: &[SharedEvent]) -> Vec<u64> {
+    events.iter().map(|e| e.seq).collect()
+}
+
+/// The race, made deterministic: writes land after the watch read
+/// the entry (revision 1) and before it fetched the key's history, so they
+/// are both in the backlog and on the live stream. Each comes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_between_the_entry_read_and_the_history_fetch_come_once() {
+    if !nats_available().await {
+        return;
+    }
+    let c = coordinator(16, RegistryConfig::default()).await;
+    start(&c, "s").await; // revision 1
+    let writer = c.clone();
+    let mut watch = c
+        .watch_session_stepwise(&sid("s"), Some(0), async move {
+            for _ in 0..3 {
+                start(&writer, "s").await; // 3 superseding events each: 2..=10
+            }
+        })
+        .await
+        .unwrap();
+    // After the watch opened: live only (11, 12, 13), then it ends.
+    c.shutdown(&sid("s")).await.unwrap();
+    let events = read_until(&mut watch, |_| false).await;
+    assert_eq!(revisions(&events), (1..=13).collect::<Vec<_>>());
+    assert!(events.last().is_some_and(|e| e.is_terminated()));
+}
+
+/// As above, for a resume point inside the history, and for a live-only
+/// watch (after_revision unset), which must not replay what it skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumed_and_live_only_watches_with_writes_between_their_steps_come_once() {
+    if !nats_available().await {
+        return;
+    }
+    let c = coordinator(16, RegistryConfig::default()).await;
+    for _ in 0..3 {
+        start(&c, "s").await; // 1..=7
+    }
+    let writer = c.clone();
+    let mut resumed = c
+        .watch_session_stepwise(&sid("s"), Some(4), async move {
+            start(&writer, "s").await; // 8..=10
+        })
+        .await
+        .unwrap();
+    let writer = c.clone();
+    let mut live = c
+        .watch_session_stepwise(&sid("s"), None, async move {
+            start(&writer, "s").await; // 11..=13
+        })
+        .await
+        .unwrap();
+    c.shutdown(&sid("s")).await.unwrap(); // 14..=16
+    let events = read_until(&mut resumed, |_| false).await;
+    assert_eq!(revisions(&events), (5..=16).collect::<Vec<_>>());
+    // Live only from the revision it read (10): what landed after the read
+    // is live, exactly once.
+    let events = read_until(&mut live, |_| false).await;
+    assert_eq!(revisions(&events), (11..=16).collect::<Vec<_>>());
+}
+
+/// The watch-all handover: writes between the bucket's last sequence read
+/// (or an explicit after_seq) and the subscription to the mirror are
+/// delivered exactly once and in seq order, none missing, compared with a
+/// watch that was open all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_all_with_writes_between_its_steps_delivers_each_event_once() {
+    if !nats_available().await {
+        return;
+    }
+    let c = coordinator(16, RegistryConfig::default()).await;
+    let all = SessionScope::All;
+    let mut reference = c.watch_all(&all, None).await.unwrap();
+    start(&c, "a").await; // acknowledged before the watches open: excluded
+    let first = read_until(&mut reference, |e| !e.is_empty()).await;
+    let writer = c.clone();
+    let mut from_now = c
+        .watch_all_stepwise(&all, None, async move {
+            start(&writer, "a").await;
+            start(&writer, "b").await;
+        })
+        .await
+        .unwrap();
+    let writer = c.clone();
+    let mut after_seq = c
+        .watch_all_stepwise(&all, Some(first[0].seq), async move {
+            start(&writer, "c").await;
+        })
+        .await
+        .unwrap();
+    for s in ["a", "b", "c"] {
+        c.shutdown(&sid(s)).await.unwrap();
+    }
+    let terminated = |e: &[SharedEvent]| e.iter().filter(|e| e.is_terminated()).count() == 3;
+    let mut expected = first;
+    expected.extend(read_until(&mut reference, |e| terminated(e)).await);
+    assert_eq!(expected[0].revision, 1);
+    let got = read_until(&mut from_now, |e| terminated(e)).await;
+    assert_eq!(seqs(&got), seqs(&expected[1..]));
+    assert_eq!(got, expected[1..].to_vec());
+    let got = read_until(&mut after_seq, |e| terminated(e)).await;
+    assert_eq!(got, expected[1..].to_vec());
+}
+
+/// A key whose history holds only touches (GetState calls that carried no
+/// event) no longer holds the events a resume asks for: OUT_OF_RANGE naming
+/// the earliest resume point, never an empty backlog that skips them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_of_only_touches_is_out_of_range_not_a_silent_gap() {
+    if !nats_available().await {
+        return;
+    }
+    // An 8 ms idle TTL writes a touch for a call 1 ms after the last one
+    // (nothing expires: no expirer runs here). Two entries per key.
+    let config = RegistryConfig {
+        idle_ttl: Duration::from_millis(8),
+        ..RegistryConfig::default()
+    };
+    let c = coordinator(2, config).await;
+    start(&c, "s").await; // revision 1
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        c.state(&sid("s")).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    match c.watch_session(&sid("s"), Some(0)).await {
+        Err(CoordError::HistoryUnavailable {
+            field: "after_revision",
+            requested: 0,
+            oldest_available: 1,
+        }) => {}
+        Err(other) => panic!("{other:?}"),
+        Ok(mut watch) => {
+            c.shutdown(&sid("s")).await.unwrap();
+            let events = read_until(&mut watch, |_| false).await;
+            panic!(
+                "resumed after a lost event: got revisions {:?}",
+                revisions(&events)
+            );
+        }
+    }
+    // From the earliest resume point it works: live from there.
+    let mut watch = c.watch_session(&sid("s"), Some(1)).await.unwrap();
+    c.shutdown(&sid("s")).await.unwrap();
+    let events = read_until(&mut watch, |_| false).await;
+    assert_eq!(revisions(&events), [2, 3, 4]);
+}
