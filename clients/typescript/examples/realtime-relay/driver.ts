@@ -83,10 +83,11 @@ function describe(report: RoundReport): string {
       `(status ${a.status ?? "?"}, reason ${a.reason ?? "?"}; the fence dropped ${a.droppedByFence ?? "?"})`,
     `  stop reached A's relay ${report.stopAtRelayMs.toFixed(2)} ms and A's client ${report.stopAtClientMs.toFixed(2)} ms after B's ${
       report.mode === "barge-in" ? "speech_started" : "response.cancel"
-    }`,
+    } (${report.stopAfterReplyMs.toFixed(2)} ms after B's relay had its ${report.mode === "barge-in" ? "Start" : "Cancel"} reply)`,
   ];
   if (report.b !== undefined) {
-    lines.push(`  B ${report.b.responseId}: answered the turn with ${report.b.deltas} deltas (status ${report.b.status ?? "?"}, Finish ${report.b.finished ?? "?"})`);
+    const b = report.b;
+    lines.push(`  B ${b.responseId}: answered the turn with ${b.deltas} deltas (status ${b.status ?? "?"}, Finish ${b.finished ?? "?"})`);
   }
   lines.push(`  response.done per response: ${Object.entries(report.terminals).map(([id, n]) => `${id}=${n}`).join(", ")}`);
   return lines.join("\n");
@@ -130,11 +131,13 @@ async function main(): Promise<number> {
     }
     const client = reports.map((r) => r.stopAtClientMs).sort((x, y) => x - y);
     const relay = reports.map((r) => r.stopAtRelayMs).sort((x, y) => x - y);
+    const reply = reports.map((r) => r.stopAfterReplyMs).sort((x, y) => x - y);
     const fmt = (sorted: number[]): string =>
       `p50 ${percentile(sorted, 50).toFixed(2)} ms, p99 ${percentile(sorted, 99).toFixed(2)} ms, max ${percentile(sorted, 100).toFixed(2)} ms`;
     const afterStop = reports.reduce((n, r) => n + r.a.deltasAfterStop, 0);
     const inFlight = reports.reduce((n, r) => n + r.a.deltasInFlight, 0);
     console.log(`\n${reports.length} stops (${rounds} barge-in, ${rounds} cancel):`);
+    console.log(`  B's relay has its Start/Cancel reply -> A's relay stops: ${fmt(reply)}`);
     console.log(`  B's event -> A's relay stops: ${fmt(relay)}`);
     console.log(`  B's event -> A's client gets response.done: ${fmt(client)}`);
     console.log(`  A's deltas in flight during the stop: ${inFlight}; after A's response.done: ${afterStop}`);

@@ -357,7 +357,14 @@ export class Relay {
       // Reported as FAILED by run (unless the coordinator stopped it first).
       if (conn.gone.signal.aborted) throw new Error("the client disconnected");
       if (!ctx.isCurrent()) return;
-      this.#send(conn, { type: "response.audio.done", event_id: this.#eventId(), response_id: name, item_id: item, output_index: 0, content_index: 0 });
+      this.#send(conn, {
+        type: "response.audio.done",
+        event_id: this.#eventId(),
+        response_id: name,
+        item_id: item,
+        output_index: 0,
+        content_index: 0,
+      });
     } finally {
       // The body is over: nothing of this response can be sent any more.
       this.#log({

@@ -310,6 +310,13 @@ export interface RoundReport {
   readonly stopAtRelayMs: number;
   /** From B's client sending the barge-in to A's client receiving A's `response.done` (one clock). */
   readonly stopAtClientMs: number;
+  /**
+   * From B's relay getting its Start (or Cancel) reply to A's relay's `run`
+   * returning `stopped`: the coordinator-to-other-gateway part, about the
+   * watch delay (cross-process clocks; can be slightly negative when A's
+   * watch beats B's reply).
+   */
+  readonly stopAfterReplyMs: number;
   /** `response.done` events per response id, over both clients. */
   readonly terminals: Readonly<Record<string, number>>;
 }
@@ -360,7 +367,19 @@ export async function round(spec: RoundSpec): Promise<RoundReport> {
     // it did send.
     const nA = idA.replace(/^resp_/, "");
     const endedA = await spec.a.logs.waitFor("A's relay ends A's response", (l) => l.event === "ended" && l.response === nA);
-    const settledA = await spec.a.logs.waitFor("A's relay's body settles", (l) => l.event === "settled" && l.response === nA);
+    const settledA = await spec.a.logs
+      .waitFor("A's relay's body settles", (l) => l.event === "settled" && l.response === nA)
+      .catch((error: unknown) => {
+        // A body that never ends is usually one still streaming: say so.
+        const after = sa.deltas(idA, doneA.index).length;
+        const message = error instanceof Error ? error.message : String(error);
+        throw new Error(`${message}; A's client got ${after} deltas after the stop so far`, { cause: error });
+      });
+    // B's relay's call returned: the coordinator had applied it.
+    const replyB =
+      idB === undefined
+        ? await spec.b.logs.waitFor("B's relay's Cancel returns", (l) => l.event === "cancel" && l.response === nA)
+        : await spec.b.logs.waitFor("B's relay's Start returns", (l) => l.event === "started" && l.response === idB.replace(/^resp_/, ""));
     await sa.flush();
     const deltasInFlight = sa.received.items.filter(
       (e) => e.type === "response.audio.delta" && e.responseId === idA && e.atMs >= bargeInAt && e.index < doneA.index,
@@ -407,6 +426,7 @@ export async function round(spec: RoundSpec): Promise<RoundReport> {
       b,
       stopAtRelayMs: (numberOr(endedA.atMs) ?? Number.NaN) - bargeInAt,
       stopAtClientMs: doneA.atMs - bargeInAt,
+      stopAfterReplyMs: (numberOr(endedA.atMs) ?? Number.NaN) - (numberOr(replyB.atMs) ?? Number.NaN),
       terminals,
     };
   } finally {
@@ -418,7 +438,9 @@ export async function round(spec: RoundSpec): Promise<RoundReport> {
 export function violations(report: RoundReport): string[] {
   const found: string[] = [];
   const expectReason = report.mode === "barge-in" ? "superseded" : "cancelled";
-  if (report.a.deltasAfterStop !== 0) found.push(`A's client received ${report.a.deltasAfterStop} deltas of ${report.a.responseId} after its response.done`);
+  if (report.a.deltasAfterStop !== 0) {
+    found.push(`A's client received ${report.a.deltasAfterStop} deltas of ${report.a.responseId} after its response.done`);
+  }
   if (report.a.status !== "cancelled") found.push(`A's response.done status is ${report.a.status ?? "missing"}, not cancelled`);
   if (report.a.reason !== expectReason) found.push(`A's stop reason is ${report.a.reason ?? "missing"}, not ${expectReason}`);
   if (report.a.relayOutcome !== "stopped") found.push(`A's relay's run returned ${report.a.relayOutcome ?? "nothing"}, not stopped`);
