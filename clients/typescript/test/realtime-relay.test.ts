@@ -211,6 +211,28 @@ void describe("realtime relay example (two relay processes, real WebSockets, the
     assert.equal(ends.get(idOf(name))?.status, pb.TerminalStatus.TERMINAL_STATUS_FAILED);
   });
 
+  void test("SIGTERM: the relay ends its live responses (one FAILED each) and exits", async () => {
+    const { watch } = running();
+    assert.ok(server !== undefined);
+    const c = await RelayProcess.spawn({ name: "C", coordinator: server.target, replyMs: 600_000 });
+    try {
+      const socket = await RealtimeSocket.open(c.url, "relay-sigterm");
+      socket.send({ type: "response.create" });
+      const created = await socket.waitFor("response.created", (e) => e.type === "response.created");
+      await socket.waitFor("audio flows", (e) => e.type === "response.audio.delta");
+      const stopped = c.stop();
+      const done = await socket.waitFor("response.done", (e) => e.type === "response.done");
+      assert.equal(done.responseId, created.responseId);
+      assert.equal(done.status, "failed");
+      assert.equal((await socket.closed()).code, 1001);
+      await stopped;
+      const ends = await watch.exactlyOneEndPerStart("relay-sigterm", 1);
+      assert.equal(ends.get(idOf(created.responseId ?? ""))?.status, pb.TerminalStatus.TERMINAL_STATUS_FAILED);
+    } finally {
+      await c.stop();
+    }
+  });
+
   void test("malformed frames get error events and the connection stays usable; a bad session id is refused", async () => {
     const { a, watch } = running();
     const socket = await RealtimeSocket.open(a.url, "relay-protocol");

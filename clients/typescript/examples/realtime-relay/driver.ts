@@ -137,9 +137,11 @@ async function main(): Promise<number> {
     const afterStop = reports.reduce((n, r) => n + r.a.deltasAfterStop, 0);
     const inFlight = reports.reduce((n, r) => n + r.a.deltasInFlight, 0);
     console.log(`\n${reports.length} stops (${rounds} barge-in, ${rounds} cancel):`);
-    console.log(`  B's relay has its Start/Cancel reply -> A's relay stops: ${fmt(reply)}`);
-    console.log(`  B's event -> A's relay stops: ${fmt(relay)}`);
-    console.log(`  B's event -> A's client gets response.done: ${fmt(client)}`);
+    if (rounds > 1) {
+      console.log(`  B's relay has its Start/Cancel reply -> A's relay stops: ${fmt(reply)}`);
+      console.log(`  B's event -> A's relay stops: ${fmt(relay)}`);
+      console.log(`  B's event -> A's client gets response.done: ${fmt(client)}`);
+    }
     console.log(`  A's deltas in flight during the stop: ${inFlight}; after A's response.done: ${afterStop}`);
     if (failures.length > 0) {
       console.log(`\nFAILED:\n  ${failures.join("\n  ")}`);
