@@ -46,6 +46,14 @@ pub enum CoordError {
     #[error("coordinator store unavailable: {0}; retry with backoff")]
     Unavailable(String),
 
+    /// The session's stored record cannot be read by this version (damaged,
+    /// or written in a format it does not know). Not retried: no attempt
+    /// can succeed until an operator repairs or removes it.
+    #[error(
+        "the stored record of session {session:?} is unreadable ({reason}); it needs an operator"
+    )]
+    Unreadable { session: SessionId, reason: String },
+
     /// Other replicas kept changing the session between this call's read and
     /// its write; nothing was changed; retry.
     #[error("session {0:?} is contended by other replicas; retry")]

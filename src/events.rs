@@ -25,31 +25,9 @@ use crate::sync::{
     atomic::{AtomicU64, Ordering},
     Mutex, MutexGuard,
 };
-use crate::{
-    error::CoordError,
-    ids::{SessionId, SessionScope},
-    machine::EventKind,
-};
+use crate::{error::CoordError, ids::SessionScope};
 
-/// One emitted event, as watchers and the retained history see it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct LifecycleEvent {
-    pub session_id: SessionId,
-    /// Per session, 1, 2, 3, ... with no gap.
-    pub revision: u64,
-    /// Coordinator-wide, strictly increasing, dense.
-    pub seq: u64,
-    pub unix_nanos: i64,
-    pub kind: EventKind,
-}
-
-impl LifecycleEvent {
-    pub fn is_terminated(&self) -> bool {
-        matches!(self.kind, EventKind::Terminated { .. })
-    }
-}
-
-pub type SharedEvent = Arc<LifecycleEvent>;
+pub use crate::event::{LifecycleEvent, SharedEvent};
 
 /// Sizes of the log's buffers.
 #[derive(Clone, Copy, Debug)]
@@ -110,38 +88,17 @@ impl EventLog {
         self.published_seq.load(Ordering::Acquire)
     }
 
-    /// Sequences and publishes one transition's events. `produce` receives the
-    /// seq its first event must carry and returns the events it stamped (with
-    /// consecutive seqs from there) plus whatever the caller needs back.
+    /// Opens an append: the log's lock, held until the append is dropped,
+    /// so the seq it reports is the one the next published event carries.
     ///
-    /// Called with the session's shard locked, so per-session order is the
+    /// Taken with the session's shard locked, so per-session order is the
     /// shard's; this lock makes the global order. Both are held only for
     /// in-memory work: no await, no I/O.
-    pub fn append<R: AsRef<[SharedEvent]>>(
-        &self,
-        session_watchers: Option<&broadcast::Sender<SharedEvent>>,
-        produce: impl FnOnce(u64) -> R,
-    ) -> R {
-        let mut inner = self.lock();
-        let first_seq = inner.next_seq;
-        let result = produce(first_seq);
-        let events = result.as_ref();
-        let Some(last) = events.last() else {
-            return result;
-        };
-        debug_assert_eq!(last.seq, first_seq + events.len() as u64 - 1);
-        for event in events {
-            inner.retain(event.clone());
-            // An error only means nobody is watching right now.
-            let _ = inner.watch_all.send(event.clone());
-            if let Some(watchers) = session_watchers {
-                let _ = watchers.send(event.clone());
-            }
+    pub fn begin_append(&self) -> Append<'_> {
+        Append {
+            log: self,
+            inner: self.lock(),
         }
-        let last_seq = last.seq;
-        inner.next_seq = last_seq + 1;
-        self.published_seq.store(last_seq, Ordering::Release);
-        result
     }
 
     /// Publishes events that already carry their seqs: a backend whose order
@@ -238,6 +195,47 @@ impl EventLog {
             Arc::clone(self),
             None,
         ))
+    }
+}
+
+/// An open append (see [`EventLog::begin_append`]).
+pub struct Append<'a> {
+    log: &'a EventLog,
+    inner: MutexGuard<'a, LogInner>,
+}
+
+impl Append<'_> {
+    /// The seq the next published event must carry.
+    pub fn next_seq(&self) -> u64 {
+        self.inner.next_seq
+    }
+
+    /// Publishes one transition's events, which carry consecutive seqs from
+    /// [`Append::next_seq`]: retained for resume, sent to watch-all and to
+    /// the session's watchers.
+    pub fn publish(
+        &mut self,
+        session_watchers: Option<&broadcast::Sender<SharedEvent>>,
+        events: &[SharedEvent],
+    ) {
+        let Some(last) = events.last() else {
+            return;
+        };
+        debug_assert_eq!(
+            last.seq,
+            self.inner.next_seq + events.len() as u64 - 1,
+            "events carry consecutive seqs from next_seq"
+        );
+        for event in events {
+            self.inner.retain(event.clone());
+            // An error only means nobody is watching right now.
+            let _ = self.inner.watch_all.send(event.clone());
+            if let Some(watchers) = session_watchers {
+                let _ = watchers.send(event.clone());
+            }
+        }
+        self.inner.next_seq = last.seq + 1;
+        self.log.published_seq.store(last.seq, Ordering::Release);
     }
 }
 

@@ -48,7 +48,9 @@ pub mod backend;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod config;
+pub mod decision;
 pub mod error;
+pub mod event;
 pub mod events;
 pub mod grpc;
 pub mod ids;

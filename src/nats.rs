@@ -43,13 +43,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     backend::{PageToken, SessionPage},
+    decision::{self, Changed, Decision, ExpiryDecision, Presence, Reply, Room, Stamp, Started},
     error::CoordError,
     events::{EventLog, LogLimits, Scope, Subscription},
     ids::{RequestId, ResponseId, SessionId, SessionScope},
-    machine::{FinishStatus, Outcome, Phase, Source, TeardownReason},
+    machine::{FinishStatus, Phase, Source, TeardownReason},
     nats::mirror::Mirror,
-    registry::{Changed, Clock, RegistryConfig, Started},
-    session::{Call, ExpiryCheck, Millis, Session, SessionSnapshot, Stamp, StartRecord, Ttls},
+    registry::{Clock, RegistryConfig},
+    session::{Call, Millis, Session, SessionSnapshot, Ttls},
     stats::CoordStats,
     sync::Mutex,
 };
@@ -158,6 +159,17 @@ fn unix_millis() -> Millis {
     u64::try_from(Clock::unix_nanos() / 1_000_000).unwrap_or(0)
 }
 
+/// The id a Start written now gives its response: above every id the
+/// session minted, and at least the wall clock in nanoseconds, so ids keep
+/// rising across a forgotten session's successor too (docs/cluster.md on
+/// clocks).
+fn mint(last_response: u64, unix_nanos: i64) -> ResponseId {
+    let minted = last_response
+        .saturating_add(1)
+        .max(u64::try_from(unix_nanos).unwrap_or(0));
+    ResponseId::new(minted).unwrap_or(ResponseId::MIN)
+}
+
 fn millis(duration: Duration) -> Millis {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
@@ -263,8 +275,7 @@ impl NatsCoordinator {
         request_id: Option<RequestId>,
     ) -> Result<Started, CoordError> {
         let call = Call::Start { source, request_id };
-        let (outcome, state, replay) = self.inner.call(id, &call, true).await?;
-        Started::from_call(id, outcome, state, replay)
+        self.inner.call(id, &call).await?.started(id)
     }
 
     pub async fn finish(
@@ -274,8 +285,7 @@ impl NatsCoordinator {
         status: FinishStatus,
     ) -> Result<Changed<bool>, CoordError> {
         let call = Call::Finish { response, status };
-        let (outcome, state, _) = self.inner.call(id, &call, false).await?;
-        Ok(Changed::finished(outcome, state))
+        Ok(self.inner.call(id, &call).await?.finished())
     }
 
     pub async fn cancel(
@@ -283,11 +293,8 @@ impl NatsCoordinator {
         id: &SessionId,
         only_if: Option<ResponseId>,
     ) -> Result<Changed<Option<ResponseId>>, CoordError> {
-        let (outcome, state, _) = self
-            .inner
-            .call(id, &Call::Cancel { only_if }, false)
-            .await?;
-        Ok(Changed::cancelled(outcome, state))
+        let call = Call::Cancel { only_if };
+        Ok(self.inner.call(id, &call).await?.cancelled())
     }
 
     pub async fn shutdown(
@@ -297,8 +304,7 @@ impl NatsCoordinator {
         let call = Call::Teardown {
             reason: TeardownReason::Shutdown,
         };
-        let (outcome, state, _) = self.inner.call(id, &call, true).await?;
-        Ok(Changed::cancelled(outcome, state))
+        Ok(self.inner.call(id, &call).await?.cancelled())
     }
 
     /// GetState: read from the stream leader, so it sees every acknowledged
@@ -365,7 +371,7 @@ impl NatsCoordinator {
         }
         let (live, release) = self.inner.mirror.subscribe_session(id);
         let key = entry::key(id);
-        let read = self.inner.read(&key).await?;
+        let read = self.inner.read(id, &key).await?;
         let (current, terminated) = match &read {
             Read::Live { entry, .. } => (
                 entry.persisted.revision,
@@ -530,7 +536,7 @@ async fn ensure_bucket(
 }
 
 impl Inner {
-    async fn read(&self, key: &str) -> Result<Read, CoordError> {
+    async fn read(&self, id: &SessionId, key: &str) -> Result<Read, CoordError> {
         match self.kv.entry(key).await.map_err(unavailable)? {
             None => Ok(Read::Absent { revision: 0 }),
             Some(stored) if stored.operation != Operation::Put => Ok(Read::Absent {
@@ -541,9 +547,10 @@ impl Inner {
                     revision: stored.revision,
                     entry,
                 }),
-                Err(error) => Err(CoordError::Unavailable(format!(
-                    "the stored entry of this session is unreadable ({error}); it needs an operator"
-                ))),
+                Err(error) => Err(CoordError::Unreadable {
+                    session: id.clone(),
+                    reason: error.to_string(),
+                }),
             },
         }
     }
@@ -563,13 +570,10 @@ impl Inner {
         }
     }
 
-    /// The one path every call that may change a session takes.
-    async fn call(
-        &self,
-        id: &SessionId,
-        call: &Call,
-        creates: bool,
-    ) -> Result<(Outcome, SessionSnapshot, Option<StartRecord>), CoordError> {
+    /// The one path every call that may change a session takes: the shared
+    /// decision (`decision::decide`) under this replica's per-session lock,
+    /// written with compare-and-set against the revision it was decided on.
+    async fn call(&self, id: &SessionId, call: &Call) -> Result<Decision, CoordError> {
         let _serialized = self.locks.lock(id).await;
         let key = entry::key(id);
         // The entry this replica last wrote saves the read: a write against
@@ -581,70 +585,58 @@ impl Inner {
             let from_cache = cached.is_some();
             let read = match cached.take() {
                 Some((revision, entry)) => Read::Live { revision, entry },
-                None => self.read(&key).await?,
+                None => self.read(id, &key).await?,
             };
-            let (expected, mut session, mut last_response, stored_since, created) = match read {
+            let (expected, mut session, last_response, stored_since, presence) = match read {
                 Read::Live { revision, entry } => {
                     let since = entry.persisted.since;
                     let session = Session::from_persisted(entry.persisted);
-                    (revision, session, entry.last_response, Some(since), false)
-                }
-                Read::Absent { .. } if !creates => {
-                    return Err(CoordError::SessionNotFound(id.clone()))
+                    let presence = Presence::Stored;
+                    (
+                        revision,
+                        session,
+                        entry.last_response,
+                        Some(since),
+                        presence,
+                    )
                 }
                 Read::Absent { revision } => {
                     let max = self.config.max_sessions;
-                    if self.mirror.session_count() >= max {
-                        return Err(CoordError::SessionLimit { max });
-                    }
-                    (revision, Session::new(now), 0, None, true)
+                    let room = if self.mirror.session_count() >= max {
+                        Room::Full { max }
+                    } else {
+                        Room::Available
+                    };
+                    let presence = Presence::Absent { room };
+                    (revision, Session::new(now), 0, None, presence)
                 }
             };
-            session.touch(now);
-            if let Call::Start {
-                request_id: Some(request_id),
-                ..
-            } = call
-            {
-                if let Some(record) = session.replayed(request_id) {
-                    if from_cache {
-                        continue; // answer with the current state, read fresh
-                    }
-                    self.count(|stats| stats.replayed());
-                    let outcome = Outcome::Started {
-                        response: record.response,
-                        superseded: record.superseded,
-                    };
-                    return Ok((outcome, session.snapshot(id), Some(record)));
-                }
-            }
             let nanos = Clock::unix_nanos();
-            // Ids keep rising within a session and, being wall-clock
-            // nanoseconds at least, across a forgotten session's successor
-            // (see docs/cluster.md on clocks).
-            let minted = last_response
-                .saturating_add(1)
-                .max(u64::try_from(nanos).unwrap_or(0));
-            let stamp = Stamp {
+            let stamp = || Stamp {
                 first_seq: 0,
                 unix_nanos: nanos,
-                new_response: ResponseId::new(minted).unwrap_or(ResponseId::MIN),
+                new_response: mint(last_response, nanos),
             };
-            let before = session.phase();
-            let applied = session.apply_stamped(id, call, stamp, 0, now);
-            if let Outcome::Started { response, .. } = applied.outcome {
-                last_response = response.get();
-            }
+            let decision = decision::decide(&mut session, presence, id, call, now, stamp, 0)?;
+            let last_response = match decision.reply {
+                Reply::Started {
+                    response,
+                    replayed: false,
+                    ..
+                } => response.get(),
+                _ => last_response,
+            };
             let touch_due =
                 stored_since.is_some_and(|since| now.saturating_sub(since) >= self.touch_interval);
-            if applied.events.is_empty() && !created && !touch_due {
+            if !decision.changed() && !touch_due {
                 if from_cache {
                     continue;
                 }
-                return Ok((applied.outcome, session.snapshot(id), None));
+                self.count(call, &decision);
+                return Ok(decision);
             }
-            let kinds: Vec<_> = applied.events.iter().map(|e| e.kind).collect();
             let persisted = session.persisted();
+            let kinds = decision.change.kinds.to_vec();
             let value = entry::encode(&persisted, last_response, &kinds, nanos);
             if let Some(revision) = self.write(&key, value, expected).await? {
                 let written = entry::Entry {
@@ -654,13 +646,8 @@ impl Inner {
                     unix_nanos: nanos,
                 };
                 self.cache.put(id, revision, written);
-                self.count(|stats| {
-                    if created {
-                        stats.created();
-                    }
-                    stats.applied(before, call, &applied, session.phase());
-                });
-                return Ok((applied.outcome, session.snapshot(id), None));
+                self.count(call, &decision);
+                return Ok(decision);
             }
         }
         Err(CoordError::Contended(id.clone()))
@@ -671,7 +658,7 @@ impl Inner {
         let _serialized = self.locks.lock(id).await;
         let key = entry::key(id);
         for _ in 0..MAX_ATTEMPTS {
-            let (revision, entry) = match self.read(&key).await? {
+            let (revision, entry) = match self.read(id, &key).await? {
                 Read::Live { revision, entry } => (revision, entry),
                 Read::Absent { .. } => return Err(CoordError::SessionNotFound(id.clone())),
             };
@@ -700,20 +687,28 @@ impl Inner {
         Err(CoordError::Contended(id.clone()))
     }
 
-    /// Expires or forgets `id` if, read fresh from the bucket, it is due.
+    /// Expires or forgets `id` if, read fresh from the bucket, it is due
+    /// (the shared expiry decision, `decision::decide_expiry`).
     async fn expire(&self, id: &SessionId) -> Result<(), CoordError> {
         let _serialized = self.locks.lock(id).await;
         let key = entry::key(id);
         for _ in 0..MAX_ATTEMPTS {
-            let (revision, entry) = match self.read(&key).await? {
+            let (revision, entry) = match self.read(id, &key).await? {
                 Read::Live { revision, entry } => (revision, entry),
                 Read::Absent { .. } => return Ok(()),
             };
             let now = unix_millis();
+            let nanos = Clock::unix_nanos();
+            let stamp = || Stamp {
+                first_seq: 0,
+                unix_nanos: nanos,
+                // A teardown starts nothing.
+                new_response: ResponseId::MIN,
+            };
             let mut session = Session::from_persisted(entry.persisted);
-            match session.expiry_check(now, self.ttls) {
-                ExpiryCheck::NotBefore(_) => return Ok(()),
-                ExpiryCheck::Forget => {
+            match decision::decide_expiry(&mut session, id, now, self.ttls, stamp, 0) {
+                ExpiryDecision::NotDue { .. } => return Ok(()),
+                ExpiryDecision::Forget => {
                     match self.kv.purge_expect_revision(&key, Some(revision)).await {
                         Ok(()) => {
                             self.cache.take(id);
@@ -726,24 +721,16 @@ impl Inner {
                         Err(error) => return Err(unavailable(error)),
                     }
                 }
-                ExpiryCheck::Expire => {
-                    let call = Call::Teardown {
-                        reason: TeardownReason::Expired,
-                    };
-                    let nanos = Clock::unix_nanos();
-                    let stamp = Stamp {
-                        first_seq: 0,
-                        unix_nanos: nanos,
-                        new_response: ResponseId::MIN,
-                    };
-                    let before = session.phase();
-                    let applied = session.apply_stamped(id, &call, stamp, 0, now);
-                    let kinds: Vec<_> = applied.events.iter().map(|e| e.kind).collect();
-                    let value =
-                        entry::encode(&session.persisted(), entry.last_response, &kinds, nanos);
+                ExpiryDecision::Expired { decision, .. } => {
+                    let value = entry::encode(
+                        &session.persisted(),
+                        entry.last_response,
+                        &decision.change.kinds,
+                        nanos,
+                    );
                     if self.write(&key, value, revision).await?.is_some() {
                         self.cache.take(id);
-                        self.count(|stats| stats.applied(before, &call, &applied, session.phase()));
+                        self.count(&decision::EXPIRY, &decision);
                         return Ok(());
                     }
                 }
@@ -804,8 +791,11 @@ impl Inner {
         }
     }
 
-    fn count(&self, f: impl FnOnce(&mut CoordStats)) {
-        f(&mut self.stats.lock().unwrap_or_else(PoisonError::into_inner));
+    fn count(&self, call: &Call, decision: &Decision) {
+        self.stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(call, decision);
     }
 }
 

@@ -29,16 +29,18 @@ use std::{
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use tokio::sync::{broadcast, Notify};
 
+pub use crate::decision::{Changed, Started};
 use crate::sync::{
     atomic::{AtomicU64, AtomicUsize, Ordering},
     Mutex, MutexGuard,
 };
 use crate::{
+    decision::{self, Decision, ExpiryDecision, Presence, Room, Stamp},
     error::CoordError,
-    events::{EventLog, LogLimits, OnDrop, Scope, SharedEvent, Subscription},
+    events::{Append, EventLog, LogLimits, OnDrop, Scope, SharedEvent, Subscription},
     ids::{ResponseId, SessionId, SessionScope},
-    machine::{Outcome, Phase, TeardownReason},
-    session::{Call, ExpiryCheck, Millis, Session, SessionSnapshot, StartRecord, Ttls},
+    machine::{Phase, TeardownReason},
+    session::{Call, Millis, Session, SessionSnapshot, Ttls},
     stats::CoordStats,
 };
 
@@ -106,75 +108,6 @@ impl Clock {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-    }
-}
-
-/// Start's reply.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Started {
-    pub response: ResponseId,
-    pub superseded: Option<ResponseId>,
-    pub replayed: bool,
-    pub state: SessionSnapshot,
-}
-
-/// Reply of Finish (`applied`), Cancel and Shutdown (`cancelled`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Changed<T> {
-    pub result: T,
-    pub state: SessionSnapshot,
-}
-
-impl Started {
-    /// Start's reply from what the session did: a replay's original answer,
-    /// a started response, or the refusal of a terminated session.
-    pub(crate) fn from_call(
-        id: &SessionId,
-        outcome: Outcome,
-        state: SessionSnapshot,
-        replay: Option<StartRecord>,
-    ) -> Result<Self, CoordError> {
-        if let Some(record) = replay {
-            return Ok(Started {
-                response: record.response,
-                superseded: record.superseded,
-                replayed: true,
-                state,
-            });
-        }
-        match outcome {
-            Outcome::Started {
-                response,
-                superseded,
-            } => Ok(Started {
-                response,
-                superseded,
-                replayed: false,
-                state,
-            }),
-            _ => Err(CoordError::SessionTerminated(id.clone())),
-        }
-    }
-}
-
-impl Changed<bool> {
-    /// Finish's reply: whether it applied.
-    pub(crate) fn finished(outcome: Outcome, state: SessionSnapshot) -> Self {
-        Changed {
-            result: matches!(outcome, Outcome::Finished { applied: true }),
-            state,
-        }
-    }
-}
-
-impl Changed<Option<ResponseId>> {
-    /// Cancel's and Shutdown's reply: the response they cancelled, if any.
-    pub(crate) fn cancelled(outcome: Outcome, state: SessionSnapshot) -> Self {
-        let result = match outcome {
-            Outcome::Cancelled { cancelled } | Outcome::TornDown { cancelled } => cancelled,
-            _ => None,
-        };
-        Changed { result, state }
     }
 }
 
@@ -286,13 +219,6 @@ pub struct Registry {
     inner: Arc<Inner>,
 }
 
-/// Whether a call may create the session it names.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Creates {
-    Yes,
-    No,
-}
-
 /// Expired and forgotten sessions handled per shard lock, so a mass expiry
 /// never holds one shard for long.
 const EXPIRY_BATCH: usize = 1024;
@@ -356,9 +282,9 @@ impl Registry {
         source: crate::machine::Source,
         request_id: Option<crate::ids::RequestId>,
     ) -> Result<Started, CoordError> {
-        let call = Call::Start { source, request_id };
-        let (outcome, state, replay) = self.inner.call(id, &call, Creates::Yes)?;
-        Started::from_call(id, outcome, state, replay)
+        self.inner
+            .call(id, &Call::Start { source, request_id })?
+            .started(id)
     }
 
     pub fn finish(
@@ -368,8 +294,7 @@ impl Registry {
         status: crate::machine::FinishStatus,
     ) -> Result<Changed<bool>, CoordError> {
         let call = Call::Finish { response, status };
-        let (outcome, state, _) = self.inner.call(id, &call, Creates::No)?;
-        Ok(Changed::finished(outcome, state))
+        Ok(self.inner.call(id, &call)?.finished())
     }
 
     pub fn cancel(
@@ -377,10 +302,7 @@ impl Registry {
         id: &SessionId,
         only_if: Option<ResponseId>,
     ) -> Result<Changed<Option<ResponseId>>, CoordError> {
-        let (outcome, state, _) = self
-            .inner
-            .call(id, &Call::Cancel { only_if }, Creates::No)?;
-        Ok(Changed::cancelled(outcome, state))
+        Ok(self.inner.call(id, &Call::Cancel { only_if })?.cancelled())
     }
 
     /// Shutdown creates a tombstone for an unknown id, so a later Start on it
@@ -389,8 +311,7 @@ impl Registry {
         let call = Call::Teardown {
             reason: TeardownReason::Shutdown,
         };
-        let (outcome, state, _) = self.inner.call(id, &call, Creates::Yes)?;
-        Ok(Changed::cancelled(outcome, state))
+        Ok(self.inner.call(id, &call)?.cancelled())
     }
 
     /// GetState. Counts as a call for idle expiry.
@@ -657,133 +578,160 @@ impl Inner {
         self.lock_shard(self.shard_index(id))
     }
 
-    fn file_expiry(&self, shard: &mut Shard, id: &SessionId, due: Millis) {
-        if let Some(session) = shard.sessions.get_mut(id.as_str()) {
-            session.set_expiry_entry(due);
-        }
-        shard.expiry.push(Reverse((due, id.clone())));
+    /// Files `session`'s expiry entry at `due`, waking the expirer if that is
+    /// before it planned to look.
+    fn file_expiry(
+        &self,
+        expiry: &mut BinaryHeap<Reverse<(Millis, SessionId)>>,
+        session: &mut Session,
+        id: &SessionId,
+        due: Millis,
+    ) {
+        session.set_expiry_entry(due);
+        expiry.push(Reverse((due, id.clone())));
         if due < self.expiry_target.load(Ordering::Acquire) {
             self.expiry_wake.notify_one();
         }
     }
 
-    /// Runs one call through the session's machine and publishes its events,
-    /// with the session's shard locked: the only place a transition happens,
-    /// for gateway calls and expiry alike.
-    fn transition(
-        &self,
-        watchers: Option<&broadcast::Sender<SharedEvent>>,
-        session: &mut Session,
-        id: &SessionId,
-        call: &Call,
-        now: Millis,
-    ) -> crate::session::Applied {
-        let unix_nanos = Clock::unix_nanos();
-        let history = self.config.session_history;
-        self.log.append(watchers, |first_seq| {
-            session.apply(id, call, first_seq, unix_nanos, history, now)
-        })
+    /// The stamp of a transition about to run: the log's next seq (which
+    /// doubles as the id of a response it starts: unique, increasing, never
+    /// reused), with the log's lock taken into `append` and held until the
+    /// events are published.
+    fn stamp<'a>(&'a self, append: &mut Option<Append<'a>>) -> Stamp {
+        let first_seq = append.insert(self.log.begin_append()).next_seq();
+        Stamp {
+            first_seq,
+            unix_nanos: Clock::unix_nanos(),
+            // The log's seqs start above zero, so this never falls back.
+            new_response: ResponseId::new(first_seq).unwrap_or(ResponseId::MIN),
+        }
     }
 
-    /// The one path every gateway call that may change a session takes.
-    fn call(
-        &self,
+    /// Publishes a decision's events (under the shard lock, with the log's
+    /// lock the stamp took) and counts it.
+    fn carry_out(
+        watchers: Option<&broadcast::Sender<SharedEvent>>,
+        stats: &mut CoordStats,
+        append: Option<Append<'_>>,
         id: &SessionId,
         call: &Call,
-        creates: Creates,
-    ) -> Result<(Outcome, SessionSnapshot, Option<StartRecord>), CoordError> {
+        decision: &Decision,
+    ) {
+        if let Some(mut append) = append {
+            let first_seq = append.next_seq();
+            let events = decision.change.events(id, |index| first_seq + index as u64);
+            append.publish(watchers, &events);
+        }
+        stats.record(call, decision);
+    }
+
+    /// The one path every gateway call that may change a session takes: the
+    /// shared decision (`decision::decide`) under the session's shard lock.
+    fn call(&self, id: &SessionId, call: &Call) -> Result<Decision, CoordError> {
         let now = self.clock.now();
+        let history = self.config.session_history;
         let mut guard = self.shard(id);
-        let shard = &mut *guard;
+        let Shard {
+            sessions,
+            expiry,
+            watchers,
+            stats,
+        } = &mut *guard;
+        let mut append = None;
+        let stamp = || self.stamp(&mut append);
         // One probe for the common case (the session exists).
-        let (session, created) = match shard.sessions.entry(id.clone()) {
-            Entry::Occupied(entry) => (entry.into_mut(), false),
-            Entry::Vacant(_) if creates == Creates::No => {
-                return Err(CoordError::SessionNotFound(id.clone()))
+        let (session, decision) = match sessions.entry(id.clone()) {
+            Entry::Occupied(entry) => {
+                let session = entry.into_mut();
+                let decision =
+                    decision::decide(session, Presence::Stored, id, call, now, stamp, history)?;
+                (session, decision)
             }
             Entry::Vacant(entry) => {
-                self.reserve_session()?;
-                shard.stats.created();
-                (entry.insert(Session::new(now)), true)
+                let room = self.reserve_session();
+                let mut fresh = Session::new(now);
+                let presence = Presence::Absent { room };
+                match decision::decide(&mut fresh, presence, id, call, now, stamp, history) {
+                    Ok(decision) if decision.created => (entry.insert(fresh), decision),
+                    refused => {
+                        if room == Room::Available {
+                            self.session_count.fetch_sub(1, Ordering::AcqRel);
+                        }
+                        return refused;
+                    }
+                }
             }
         };
-        session.touch(now);
-        if let Call::Start {
-            request_id: Some(request_id),
-            ..
-        } = call
-        {
-            if let Some(record) = session.replayed(request_id) {
-                shard.stats.replayed();
-                return Ok((
-                    Outcome::Started {
-                        response: record.response,
-                        superseded: record.superseded,
-                    },
-                    session.snapshot(id),
-                    Some(record),
-                ));
-            }
-        }
-        let was_terminated = session.phase() == Phase::Terminated;
-        let before = session.phase();
-        let applied = self.transition(shard.watchers.get(id.as_str()), session, id, call, now);
-        shard.stats.applied(before, call, &applied, session.phase());
-        let snapshot = session.snapshot(id);
-        let newly_terminated = !was_terminated && session.phase() == Phase::Terminated;
+        Self::carry_out(
+            watchers.get(id.as_str()),
+            stats,
+            append,
+            id,
+            call,
+            &decision,
+        );
+        let newly_terminated =
+            decision.before != Phase::Terminated && decision.state.phase == Phase::Terminated;
         let deadline = session.next_deadline(self.ttls).saturating_add(1);
-        let refile = created || (newly_terminated && deadline < session.expiry_entry());
-        if refile {
-            self.file_expiry(shard, id, deadline);
+        if decision.created || (newly_terminated && deadline < session.expiry_entry()) {
+            self.file_expiry(expiry, session, id, deadline);
         }
-        Ok((applied.outcome, snapshot, None))
+        Ok(decision)
     }
 
-    fn reserve_session(&self) -> Result<(), CoordError> {
+    /// Reserves room for one more session under the limit.
+    fn reserve_session(&self) -> Room {
         let max = self.config.max_sessions;
-        self.session_count
+        match self
+            .session_count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| {
                 (count < max).then_some(count + 1)
-            })
-            .map(|_| ())
-            .map_err(|_| CoordError::SessionLimit { max })
+            }) {
+            Ok(_) => Room::Available,
+            Err(_) => Room::Full { max },
+        }
     }
 
     fn expire_batch(&self, shard: &mut Shard, now: Millis) -> BatchEnd {
+        let Shard {
+            sessions,
+            expiry,
+            watchers,
+            stats,
+        } = shard;
+        let history = self.config.session_history;
         for _ in 0..EXPIRY_BATCH {
-            let Some(Reverse((due, _))) = shard.expiry.peek() else {
+            let Some(Reverse((due, _))) = expiry.peek() else {
                 return BatchEnd::Drained(None);
             };
             if *due > now {
                 return BatchEnd::Drained(Some(*due));
             }
-            let Some(Reverse((due, id))) = shard.expiry.pop() else {
+            let Some(Reverse((due, id))) = expiry.pop() else {
                 return BatchEnd::Drained(None);
             };
-            let Some(session) = shard.sessions.get_mut(id.as_str()) else {
+            let Some(session) = sessions.get_mut(id.as_str()) else {
                 continue;
             };
             if session.expiry_entry() != due {
                 continue; // superseded by a newer entry for the same session
             }
-            match session.expiry_check(now, self.ttls) {
-                ExpiryCheck::NotBefore(at) => self.file_expiry(shard, &id, at),
-                ExpiryCheck::Expire => {
-                    let call = Call::Teardown {
-                        reason: TeardownReason::Expired,
-                    };
-                    let before = session.phase();
-                    let applied =
-                        self.transition(shard.watchers.get(id.as_str()), session, &id, &call, now);
-                    shard
-                        .stats
-                        .applied(before, &call, &applied, session.phase());
-                    let at = session.next_deadline(self.ttls).saturating_add(1);
-                    self.file_expiry(shard, &id, at);
+            let mut append = None;
+            let stamp = || self.stamp(&mut append);
+            match decision::decide_expiry(session, &id, now, self.ttls, stamp, history) {
+                ExpiryDecision::NotDue { at } => self.file_expiry(expiry, session, &id, at),
+                ExpiryDecision::Expired {
+                    decision,
+                    next_check,
+                } => {
+                    let watchers = watchers.get(id.as_str());
+                    Self::carry_out(watchers, stats, append, &id, &decision::EXPIRY, &decision);
+                    self.file_expiry(expiry, session, &id, next_check);
                 }
-                ExpiryCheck::Forget => {
-                    shard.sessions.remove(id.as_str());
-                    shard.stats.forgotten();
+                ExpiryDecision::Forget => {
+                    sessions.remove(id.as_str());
+                    stats.forgotten();
                     self.session_count.fetch_sub(1, Ordering::AcqRel);
                 }
             }

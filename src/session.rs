@@ -5,17 +5,12 @@
 //! per session under its shard's lock, which is what makes each session a
 //! single-writer actor.
 
-use std::{collections::VecDeque, sync::Arc};
-
-use arrayvec::ArrayVec;
+use std::collections::VecDeque;
 
 use crate::{
-    events::{LifecycleEvent, SharedEvent},
+    event::{Change, LifecycleEvent, SharedEvent},
     ids::{RequestId, ResponseId, SessionId},
-    machine::{
-        self, EventKind, FinishStatus, Input, Outcome, Phase, Source, TeardownReason,
-        MAX_EVENTS_PER_TRANSITION,
-    },
+    machine::{self, EventKind, FinishStatus, Input, Outcome, Phase, Source, TeardownReason},
 };
 
 /// A point on the coordinator's monotonic clock, in milliseconds since it
@@ -45,6 +40,28 @@ pub enum Call {
     },
 }
 
+impl Call {
+    /// Whether the call creates the session it names when there is none:
+    /// Start does, and Shutdown (a tombstone, so a later Start is refused).
+    pub fn creates(&self) -> bool {
+        matches!(
+            self,
+            Call::Start { .. }
+                | Call::Teardown {
+                    reason: TeardownReason::Shutdown
+                }
+        )
+    }
+
+    /// A Start's idempotency key, if it carries one.
+    pub fn request_id(&self) -> Option<&RequestId> {
+        match self {
+            Call::Start { request_id, .. } => request_id.as_ref(),
+            _ => None,
+        }
+    }
+}
+
 /// What a Start with a known request id answered the first time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StartRecord {
@@ -61,23 +78,13 @@ pub struct SessionSnapshot {
     pub responses_started: u64,
 }
 
-/// The result of applying one call.
-#[derive(Debug)]
-pub struct Applied {
-    pub outcome: Outcome,
-    pub events: ArrayVec<SharedEvent, MAX_EVENTS_PER_TRANSITION>,
-}
-
-impl AsRef<[SharedEvent]> for Applied {
-    fn as_ref(&self) -> &[SharedEvent] {
-        &self.events
-    }
-}
-
-/// What a transition stamps on its events and mints for a Start.
+/// What a transition stamps on its events and mints for a Start. The
+/// decision asks for it only when the call reaches the machine, so a backend
+/// whose stamp costs something (the memory log's lock) pays it only then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stamp {
-    /// The seq of the transition's first event.
+    /// The seq of the transition's first event (0 where the store assigns
+    /// seqs later: NATS).
     pub first_seq: u64,
     pub unix_nanos: i64,
     /// The id a Start that is accepted gives its response; it must exceed
@@ -196,40 +203,18 @@ impl Session {
             .map(|(_, record)| *record)
     }
 
-    /// Runs one call through the machine and records its effects. `first_seq`
-    /// is the seq the log gives this call's first event; it doubles as the id
-    /// of a response this call starts (unique, increasing, never reused).
-    pub fn apply(
+    /// Runs one call through the machine and records its effects: the
+    /// transition's outcome and the events it emitted (stamped with
+    /// `stamp.unix_nanos`; retained here, up to `history_limit`, with seqs
+    /// from `stamp.first_seq`). Used by `decision`, which decides everything
+    /// around it (presence, limit, replay).
+    pub(crate) fn apply(
         &mut self,
-        session_id: &SessionId,
-        call: &Call,
-        first_seq: u64,
-        unix_nanos: i64,
-        history_limit: usize,
-        now: Millis,
-    ) -> Applied {
-        // The log's seqs start above zero, so this never fails; the fallback
-        // keeps the function total.
-        let new_response = ResponseId::new(first_seq).unwrap_or(ResponseId::MIN);
-        let stamp = Stamp {
-            first_seq,
-            unix_nanos,
-            new_response,
-        };
-        self.apply_stamped(session_id, call, stamp, history_limit, now)
-    }
-
-    /// As [`Session::apply`], for a backend whose response ids are not seqs
-    /// (the NATS backend learns an event's seq only once it is stored, so it
-    /// mints ids itself and stamps `first_seq` later).
-    pub fn apply_stamped(
-        &mut self,
-        session_id: &SessionId,
         call: &Call,
         stamp: Stamp,
         history_limit: usize,
         now: Millis,
-    ) -> Applied {
+    ) -> (Outcome, Change) {
         let Stamp {
             first_seq,
             unix_nanos,
@@ -248,28 +233,24 @@ impl Session {
             Call::Teardown { reason } => Input::Teardown { reason: *reason },
         };
         let transition = machine::transition(self.phase, input);
-        let mut events = ArrayVec::new();
-        for (offset, kind) in (0u64..).zip(transition.events) {
+        let change = Change {
+            first_revision: self.revision + 1,
+            unix_nanos,
+            kinds: transition.events,
+        };
+        for (offset, kind) in (0u64..).zip(&change.kinds) {
             if let EventKind::Started { .. } = kind {
                 self.responses_started += 1;
             }
             self.revision += 1;
-            let event = Arc::new(LifecycleEvent {
-                session_id: session_id.clone(),
-                revision: self.revision,
-                seq: first_seq + offset,
-                unix_nanos,
-                kind,
-            });
             self.retain(
                 RetainedEvent {
-                    seq: event.seq,
+                    seq: first_seq + offset,
                     unix_nanos,
-                    kind,
+                    kind: *kind,
                 },
                 history_limit,
             );
-            events.push(event);
         }
         if transition.next == Phase::Terminated && self.phase != Phase::Terminated {
             self.since = now;
@@ -298,10 +279,7 @@ impl Session {
                 },
             ));
         }
-        Applied {
-            outcome: transition.outcome,
-            events,
-        }
+        (transition.outcome, change)
     }
 
     fn retain(&mut self, event: RetainedEvent, limit: usize) {
@@ -343,13 +321,13 @@ impl Session {
             .zip(&self.history)
             .skip(skip)
             .map(|(revision, event)| {
-                Arc::new(LifecycleEvent {
-                    session_id: session_id.clone(),
+                LifecycleEvent::shared(
+                    session_id,
                     revision,
-                    seq: event.seq,
-                    unix_nanos: event.unix_nanos,
-                    kind: event.kind,
-                })
+                    event.seq,
+                    event.unix_nanos,
+                    event.kind,
+                )
             })
             .collect())
     }
@@ -420,133 +398,5 @@ impl Session {
             Phase::Terminated => ExpiryCheck::Forget,
             Phase::Idle | Phase::Active(_) => ExpiryCheck::Expire,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::machine::{CancelReason, Ending};
-
-    const TTLS: Ttls = Ttls {
-        idle: 1_000,
-        tombstone: 100,
-    };
-
-    fn sid() -> SessionId {
-        SessionId::parse("s").unwrap()
-    }
-
-    fn start(request_id: Option<&str>) -> Call {
-        Call::Start {
-            source: Source::Client,
-            request_id: request_id.map(|r| RequestId::parse_optional(r).unwrap().unwrap()),
-        }
-    }
-
-    #[test]
-    fn revisions_are_gap_free_and_response_ids_come_from_seq() {
-        let mut session = Session::new(0);
-        let a = session.apply(&sid(), &start(None), 100, 0, 64, 0);
-        assert_eq!(a.events.len(), 1);
-        assert_eq!(a.events[0].revision, 1);
-        let b = session.apply(&sid(), &start(None), 101, 0, 64, 0);
-        let revisions: Vec<u64> = b.events.iter().map(|e| e.revision).collect();
-        let seqs: Vec<u64> = b.events.iter().map(|e| e.seq).collect();
-        assert_eq!(revisions, [2, 3, 4]);
-        assert_eq!(seqs, [101, 102, 103]);
-        assert_eq!(
-            b.outcome,
-            Outcome::Started {
-                response: ResponseId::new(101).unwrap(),
-                superseded: ResponseId::new(100),
-            }
-        );
-        assert_eq!(
-            b.events[1].kind,
-            EventKind::Ended {
-                response: ResponseId::new(100).unwrap(),
-                ending: Ending::Cancelled(CancelReason::Superseded)
-            }
-        );
-        assert_eq!(session.snapshot(&sid()).responses_started, 2);
-    }
-
-    #[test]
-    fn replay_window_keeps_the_last_sixteen() {
-        let mut session = Session::new(0);
-        for i in 0..20u64 {
-            session.apply(&sid(), &start(Some(&format!("r{i}"))), 10 + i * 3, 0, 64, 0);
-        }
-        let key = |i: u64| {
-            RequestId::parse_optional(&format!("r{i}"))
-                .unwrap()
-                .unwrap()
-        };
-        assert_eq!(session.replayed(&key(3)), None);
-        assert_eq!(
-            session.replayed(&key(4)).map(|r| r.response.get()),
-            Some(10 + 4 * 3)
-        );
-        assert!(session.replayed(&key(19)).is_some());
-    }
-
-    #[test]
-    fn refused_start_is_not_remembered() {
-        let mut session = Session::new(0);
-        let call = Call::Teardown {
-            reason: TeardownReason::Shutdown,
-        };
-        session.apply(&sid(), &call, 5, 0, 64, 0);
-        let refused = session.apply(&sid(), &start(Some("late")), 6, 0, 64, 0);
-        assert_eq!(refused.outcome, Outcome::StartRefused);
-        assert!(refused.events.is_empty());
-        let key = RequestId::parse_optional("late").unwrap().unwrap();
-        assert_eq!(session.replayed(&key), None);
-    }
-
-    #[test]
-    fn history_is_bounded_and_resume_beyond_it_is_refused() {
-        let mut session = Session::new(0);
-        for i in 0..5 {
-            session.apply(&sid(), &start(None), 10 + i * 3, 0, 4, 0);
-        }
-        // 1 + 4*3 = 13 events, the last 4 kept: revisions 10..=13.
-        assert_eq!(session.revision(), 13);
-        let replay = session.history_after(&sid(), 9).unwrap();
-        let revisions: Vec<u64> = replay.iter().map(|e| e.revision).collect();
-        assert_eq!(revisions, [10, 11, 12, 13]);
-        assert_eq!(replay[3].seq, 22 + 2);
-        assert_eq!(replay[0].session_id, sid());
-        assert_eq!(session.history_after(&sid(), 12).unwrap().len(), 1);
-        assert_eq!(session.history_after(&sid(), 13).unwrap().len(), 0);
-        assert_eq!(session.history_after(&sid(), 50).unwrap().len(), 0);
-        assert_eq!(session.history_after(&sid(), 8).unwrap_err(), 9);
-    }
-
-    #[test]
-    fn expiry_is_never_early_and_tombstones_are_forgotten() {
-        let mut session = Session::new(0);
-        assert_eq!(
-            session.expiry_check(1_000, TTLS),
-            ExpiryCheck::NotBefore(1_001)
-        );
-        session.touch(500);
-        assert_eq!(
-            session.expiry_check(1_001, TTLS),
-            ExpiryCheck::NotBefore(1_501)
-        );
-        assert_eq!(session.expiry_check(1_501, TTLS), ExpiryCheck::Expire);
-        let call = Call::Teardown {
-            reason: TeardownReason::Expired,
-        };
-        session.apply(&sid(), &call, 5, 0, 64, 1_501);
-        assert_eq!(
-            session.expiry_check(1_550, TTLS),
-            ExpiryCheck::NotBefore(1_602)
-        );
-        // Touching a tombstone does not keep it.
-        session.touch(1_590);
-        assert_eq!(session.expiry_check(1_602, TTLS), ExpiryCheck::Forget);
     }
 }

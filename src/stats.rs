@@ -5,8 +5,9 @@
 //! path; a reader sums the shards ([`crate::registry::Registry::stats`]).
 
 use crate::{
-    machine::{EventKind, Outcome, Phase, TeardownReason},
-    session::{Applied, Call},
+    decision::{Decision, Reply},
+    machine::{EventKind, Phase, TeardownReason},
+    session::Call,
 };
 
 /// A state change of a session, named for dashboards.
@@ -52,13 +53,13 @@ impl TransitionKind {
     }
 
     /// The kind of a call that emitted events; `None` if nothing changed.
-    fn of(call: &Call, applied: &Applied) -> Option<Self> {
-        if applied.events.is_empty() {
+    fn of(call: &Call, decision: &Decision) -> Option<Self> {
+        if decision.change.is_empty() {
             return None;
         }
         Some(match call {
-            Call::Start { .. } => match applied.outcome {
-                Outcome::Started {
+            Call::Start { .. } => match decision.reply {
+                Reply::Started {
                     superseded: Some(_),
                     ..
                 } => TransitionKind::Supersede,
@@ -128,32 +129,37 @@ impl CoordStats {
         self.transitions_of(TransitionKind::Expire)
     }
 
-    /// A session record was created (records start idle).
-    pub(crate) fn created(&mut self) {
-        self.sessions.idle += 1;
-    }
-
     /// A terminated session's record was dropped.
     pub(crate) fn forgotten(&mut self) {
         self.sessions.terminated = self.sessions.terminated.saturating_sub(1);
     }
 
-    pub(crate) fn replayed(&mut self) {
-        self.replays += 1;
-    }
-
-    /// `call` moved a session from `before` to `after` with `applied`'s events.
-    pub(crate) fn applied(&mut self, before: Phase, call: &Call, applied: &Applied, after: Phase) {
+    /// Counts what a decided (and carried out) `call` did: a created record
+    /// (records start idle), a replay, a phase change, a transition and its
+    /// events. The one place both backends count calls and expiries.
+    pub(crate) fn record(&mut self, call: &Call, decision: &Decision) {
+        if decision.created {
+            self.sessions.idle += 1;
+        }
+        if decision.replayed {
+            self.replays += 1;
+        }
+        let before = if decision.created {
+            Phase::Idle
+        } else {
+            decision.before
+        };
+        let after = decision.state.phase;
         if std::mem::discriminant(&before) != std::mem::discriminant(&after) {
             let old = self.sessions.slot(before);
             *old = old.saturating_sub(1);
             *self.sessions.slot(after) += 1;
         }
-        if let Some(kind) = TransitionKind::of(call, applied) {
+        if let Some(kind) = TransitionKind::of(call, decision) {
             self.transitions[kind.index()] += 1;
         }
-        for event in &applied.events {
-            self.events[event_index(&event.kind)] += 1;
+        for kind in &decision.change.kinds {
+            self.events[event_index(kind)] += 1;
         }
     }
 

@@ -13,7 +13,10 @@ use std::{
 use proptest::{prelude::*, test_runner::FileFailurePersistence};
 
 use super::*;
-use crate::machine::{EventKind, Source};
+use crate::{
+    ids::SessionId,
+    machine::{EventKind, Source},
+};
 
 fn sid() -> SessionId {
     SessionId::parse("s").unwrap()
@@ -235,14 +238,15 @@ proptest! {
                 }
             }
             let Some(&n) = batches.get(step) else { break };
-            log.append(None, |first_seq| {
-                (0..n as u64)
-                    .map(|i| {
-                        revision += 1;
-                        event(revision, first_seq + i)
-                    })
-                    .collect::<Vec<_>>()
-            });
+            let mut append = log.begin_append();
+            let first_seq = append.next_seq();
+            let events: Vec<_> = (0..n as u64)
+                .map(|i| {
+                    revision += 1;
+                    event(revision, first_seq + i)
+                })
+                .collect();
+            append.publish(None, &events);
         }
         let last = log.published_seq();
         for (after_seq, published, opened) in watches {

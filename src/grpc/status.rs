@@ -15,6 +15,7 @@ pub fn code(error: &CoordError) -> Code {
         | CoordError::WatcherLimit { .. } => Code::ResourceExhausted,
         CoordError::HistoryUnavailable { .. } => Code::OutOfRange,
         CoordError::Unavailable(_) => Code::Unavailable,
+        CoordError::Unreadable { .. } => Code::DataLoss,
         CoordError::Contended(_) => Code::Aborted,
     }
 }

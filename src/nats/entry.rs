@@ -11,14 +11,12 @@
 //! stream sequence `s` has seq `s * SEQS_PER_WRITE + i`: strictly increasing,
 //! the same on every replica, and it maps back to the stream for resume.
 
-use std::sync::Arc;
-
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use bytes::Bytes;
 use prost::Message as _;
 
 use crate::{
-    events::{LifecycleEvent, SharedEvent},
+    event::{Change, SharedEvent},
     ids::{RequestId, ResponseId, SessionId},
     machine::{
         ActiveResponse, CancelReason, Ending, EventKind, Phase, Source, TeardownReason,
@@ -126,22 +124,27 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// What the transition that wrote this entry emitted.
+    pub fn change(&self) -> Change {
+        Change {
+            first_revision: self.first_revision(),
+            unix_nanos: self.unix_nanos,
+            // `decode` refuses more than a transition emits.
+            kinds: self
+                .events
+                .iter()
+                .copied()
+                .take(MAX_EVENTS_PER_TRANSITION)
+                .collect(),
+        }
+    }
+
     /// This entry's events as watchers see them, given the stream sequence
     /// of the message that stored it.
     pub fn lifecycle_events(&self, id: &SessionId, stream_seq: u64) -> Vec<SharedEvent> {
-        let first_revision = self.first_revision();
-        self.events
-            .iter()
-            .enumerate()
-            .map(|(index, kind)| {
-                Arc::new(LifecycleEvent {
-                    session_id: id.clone(),
-                    revision: first_revision + index as u64,
-                    seq: event_seq(stream_seq, index),
-                    unix_nanos: self.unix_nanos,
-                    kind: *kind,
-                })
-            })
+        self.change()
+            .events(id, |index| event_seq(stream_seq, index))
+            .into_iter()
             .collect()
     }
 

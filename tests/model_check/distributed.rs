@@ -24,9 +24,10 @@
 use std::borrow::Cow;
 
 use respcoord::{
+    decision::Reply as Decided,
     events::SharedEvent,
     ids::{RequestId, ResponseId, SessionId},
-    machine::{EventKind, FinishStatus, Outcome, Phase, Source, TeardownReason},
+    machine::{EventKind, FinishStatus, Phase, Source, TeardownReason},
     session::{Call, Session},
 };
 use stateright::actor::{
@@ -323,7 +324,12 @@ impl Node {
                 }
                 Call::Start {
                     source: role.source(),
-                    request_id: Some(request_id),
+                    // Without replay the coordinator must not see the key at
+                    // all (the shared decision would replay it itself).
+                    request_id: match mutation {
+                        Mutation::NoReplay => None,
+                        _ => Some(request_id),
+                    },
                 }
             }
             Req::Finish { response } => Call::Finish {
@@ -344,10 +350,11 @@ impl Node {
             },
         };
         let first_seq = state.next_seq;
-        let result = state.session.apply(session_id, &call, first_seq, 0, 0, 0);
-        state.next_seq += result.events.len() as u64;
-        state.ledger.observe_stamped(first_seq, &result.events);
-        state.ledger.check_outcome(&result.outcome, &result.events);
+        let (decided, events) =
+            crate::ledger::decide(&mut state.session, session_id, &call, first_seq);
+        state.next_seq += events.len() as u64;
+        state.ledger.observe_stamped(first_seq, &events);
+        state.ledger.check_outcome(&decided, &events);
         let other_live = state.active().is_some_and(|now| match req {
             Req::Finish { response } => now != response,
             Req::Cancel {
@@ -355,12 +362,13 @@ impl Node {
             } => now != fence,
             _ => false,
         });
-        match (req, result.outcome) {
+        match (req, decided) {
             (
                 Req::Start { .. },
-                Outcome::Started {
+                Decided::Started {
                     response,
                     superseded,
+                    replayed: false,
                 },
             ) => {
                 let key = (src, tag);
@@ -389,12 +397,12 @@ impl Node {
                     replayed: false,
                 }
             }
-            (_, Outcome::StartRefused) => {
+            (_, Decided::StartRefused) => {
                 state.last = Some(Effect::StartRefused);
                 Reply::StartRefused
             }
-            (Req::Finish { response }, Outcome::Finished { applied }) => {
-                if ended(&result.events).any(|id| id != response) {
+            (Req::Finish { response }, Decided::Finished { applied }) => {
+                if ended(&events).any(|id| id != response) {
                     state.fault(CoordFault::FinishEndedOther);
                 }
                 state.last = Some(Effect::Finish {
@@ -403,9 +411,9 @@ impl Node {
                 });
                 Reply::Finished { applied }
             }
-            (Req::Cancel { if_response }, Outcome::Cancelled { cancelled }) => {
+            (Req::Cancel { if_response }, Decided::Cancelled { cancelled }) => {
                 if let Some(fence) = if_response {
-                    if ended(&result.events).any(|id| id != fence) {
+                    if ended(&events).any(|id| id != fence) {
                         state.fault(CoordFault::FencedCancelEndedOther);
                     }
                 }
@@ -418,7 +426,7 @@ impl Node {
                     cancelled: cancelled.map(ResponseId::get),
                 }
             }
-            (_, Outcome::TornDown { cancelled }) => {
+            (_, Decided::TornDown { cancelled }) => {
                 state.last = Some(Effect::Shutdown {
                     cancelled: cancelled.is_some(),
                     repeat: was_terminated,

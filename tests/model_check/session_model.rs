@@ -11,8 +11,9 @@
 //! input and a ledger of the events that came out.
 
 use respcoord::{
+    decision::Reply,
     ids::{ResponseId, SessionId},
-    machine::{FinishStatus, Outcome, Phase, Source, TeardownReason},
+    machine::{FinishStatus, Phase, Source, TeardownReason},
     session::{Call, Session},
 };
 use stateright::{Model, Property};
@@ -51,7 +52,7 @@ pub struct SpecState {
     pub ledger: Ledger,
     /// The last action, the reply it got and how many events it emitted, for
     /// the reachability properties.
-    pub last: Option<(SpecAction, Outcome, usize)>,
+    pub last: Option<(SpecAction, Reply, usize)>,
 }
 
 pub struct SessionModel {
@@ -97,7 +98,7 @@ impl SessionModel {
     }
 }
 
-fn last(state: &SpecState) -> Option<(SpecAction, Outcome)> {
+fn last(state: &SpecState) -> Option<(SpecAction, Reply)> {
     state.last.map(|(action, outcome, _)| (action, outcome))
 }
 
@@ -149,15 +150,12 @@ impl Model for SessionModel {
         let mut next = state.clone();
         let call = Self::call(state, action);
         let first_seq = next.next_seq;
-        // history_limit 0: retained events are not what is checked here, and
-        // keeping them would only make states bigger.
-        let applied = next
-            .session
-            .apply(&self.session_id, &call, first_seq, 0, 0, 0);
-        next.next_seq += applied.events.len() as u64;
-        next.ledger.observe_stamped(first_seq, &applied.events);
-        next.ledger.check_outcome(&applied.outcome, &applied.events);
-        next.last = Some((action, applied.outcome, applied.events.len()));
+        let (reply, events) =
+            crate::ledger::decide(&mut next.session, &self.session_id, &call, first_seq);
+        next.next_seq += events.len() as u64;
+        next.ledger.observe_stamped(first_seq, &events);
+        next.ledger.check_outcome(&reply, &events);
+        next.last = Some((action, reply, events.len()));
         Some(next)
     }
 
@@ -190,7 +188,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::StartFromClient,
-                        Outcome::Started {
+                        Reply::Started {
                             superseded: None,
                             ..
                         }
@@ -202,7 +200,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::StartFromVad,
-                        Outcome::Started {
+                        Reply::Started {
                             superseded: Some(_),
                             ..
                         }
@@ -214,7 +212,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::StartFromClient,
-                        Outcome::Started {
+                        Reply::Started {
                             superseded: Some(_),
                             ..
                         }
@@ -226,7 +224,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::FinishCurrent(FinishStatus::Completed),
-                        Outcome::Finished { applied: true }
+                        Reply::Finished { applied: true }
                     ))
                 )
             }),
@@ -235,7 +233,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::FinishCurrent(FinishStatus::Failed),
-                        Outcome::Finished { applied: true }
+                        Reply::Finished { applied: true }
                     ))
                 )
             }),
@@ -246,7 +244,7 @@ impl Model for SessionModel {
                         last(s),
                         Some((
                             SpecAction::FinishStale(_),
-                            Outcome::Finished { applied: false }
+                            Reply::Finished { applied: false }
                         ))
                     ) && active_id(s).is_some()
                 },
@@ -256,7 +254,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::CancelReq,
-                        Outcome::Cancelled { cancelled: Some(_) }
+                        Reply::Cancelled { cancelled: Some(_) }
                     ))
                 )
             }),
@@ -265,7 +263,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::CancelIf(_),
-                        Outcome::Cancelled { cancelled: Some(_) }
+                        Reply::Cancelled { cancelled: Some(_) }
                     ))
                 )
             }),
@@ -276,7 +274,7 @@ impl Model for SessionModel {
                         last(s),
                         Some((
                             SpecAction::CancelIf(_),
-                            Outcome::Cancelled { cancelled: None }
+                            Reply::Cancelled { cancelled: None }
                         ))
                     ) && active_id(s).is_some()
                 },
@@ -286,30 +284,27 @@ impl Model for SessionModel {
                 |_, s: &SpecState| {
                     matches!(
                         last(s),
-                        Some((
-                            SpecAction::Shutdown,
-                            Outcome::TornDown { cancelled: Some(_) }
-                        ))
+                        Some((SpecAction::Shutdown, Reply::TornDown { cancelled: Some(_) }))
                     )
                 },
             ),
             Property::sometimes("shutdown of an idle session", |_, s: &SpecState| {
                 matches!(
                     last(s),
-                    Some((SpecAction::Shutdown, Outcome::TornDown { cancelled: None }))
+                    Some((SpecAction::Shutdown, Reply::TornDown { cancelled: None }))
                 ) && last_events(s) == 1
                     && !s.ledger.responses.is_empty()
             }),
             Property::sometimes("repeated shutdown is a no-op", |_, s: &SpecState| {
                 matches!(
                     last(s),
-                    Some((SpecAction::Shutdown, Outcome::TornDown { cancelled: None }))
+                    Some((SpecAction::Shutdown, Reply::TornDown { cancelled: None }))
                 ) && last_events(s) == 0
             }),
             Property::sometimes("expiry cancels the active response", |_, s: &SpecState| {
                 matches!(
                     last(s),
-                    Some((SpecAction::Expire, Outcome::TornDown { cancelled: Some(_) }))
+                    Some((SpecAction::Expire, Reply::TornDown { cancelled: Some(_) }))
                 )
             }),
             Property::sometimes("start refused after teardown", |_, s: &SpecState| {
@@ -317,7 +312,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::StartFromClient | SpecAction::StartFromVad,
-                        Outcome::StartRefused
+                        Reply::StartRefused
                     ))
                 )
             }),

@@ -4,7 +4,7 @@ grpcio-tools (messages, service stubs) and mypy-protobuf (their type stubs).
     python scripts/codegen.py          # write
     python scripts/codegen.py --check  # fail if the committed files differ
 
-The generator versions are pinned in requirements/codegen.txt: grpcio-tools
+The generator versions are pinned in requirements/floor.txt: grpcio-tools
 1.71.2 emits messages that need protobuf >= 5.29.0, inside the range the
 package supports (and pipecat-ai's >= 5.29.6, < 7)."""
 
