@@ -30,6 +30,8 @@
 //!   shutdown, TLS, limits: deadlines, load shedding, message size, HTTP/2).
 //! - [`auth`] — bearer tokens from a file, each with a session scope; the
 //!   interceptor that authenticates calls.
+//! - [`watchers`] — open-watch counters: the watcher limit, and what the
+//!   metrics report about watches.
 //! - [`metrics`] — OpenTelemetry instruments, Prometheus `/metrics` with
 //!   `/healthz` and `/readyz` on the metrics port, OTLP metric export.
 //! - [`config`] — flags and `RESPCOORD_*` environment variables.
@@ -62,3 +64,4 @@ pub mod session;
 pub mod stats;
 mod sync;
 pub mod telemetry;
+pub mod watchers;
