@@ -27,7 +27,9 @@
 //!   mapping, the service, watch delivery, the per-RPC observation layer
 //!   (span, W3C trace context, call metrics, debug log).
 //! - [`server`] — assembly (health, reflection, expiry task, graceful
-//!   shutdown, TLS, limits: deadlines, load shedding, message size, HTTP/2).
+//!   shutdown, limits: deadlines, message size, HTTP/2); `server/tls.rs`
+//!   reads and checks the PEM files, `server/guard.rs` is the load-shedding
+//!   middleware over the shared concurrency limit.
 //! - [`auth`] — bearer tokens from a file, each with a session scope; the
 //!   interceptor that authenticates calls.
 //! - [`watchers`] — open-watch counters: the watcher limit, and what the
