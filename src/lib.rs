@@ -46,6 +46,11 @@
 //!   handles, responses with a cancellation token and a fence, `run`, one
 //!   shared resumable watch per client, retries with request ids. The
 //!   `respcoordctl` binary (src/bin) is built on it.
+//!
+//! Binaries: `respcoord` (src/main.rs); `respcoord-bench`
+//! (src/bin/respcoord-bench/: `main.rs`, one file per command, `servers.rs`
+//! for the in-process empty and respcoord servers, `measure.rs` for the CPU
+//! and RSS probes and the statistics; docs/performance.md); `respcoordctl`.
 
 pub mod auth;
 pub mod backend;
