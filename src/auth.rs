@@ -17,6 +17,11 @@
 //! outside it; listings and watch-all are filtered to it). Health and
 //! reflection are not behind it, so probes need no token.
 //!
+//! It fails closed: the interceptor records a scope on every call it lets
+//! through (every session when authentication is off), and a call that
+//! carries none is refused, so a service wired up without the interceptor
+//! opens no session instead of all of them.
+//!
 //! Secrets never leave this module: [`Tokens`]' `Debug` shows a count, errors
 //! about the file name line numbers only, and nothing here logs a token.
 
@@ -152,10 +157,15 @@ pub enum AuthError {
         session_id: SessionId,
         scope: SessionScope,
     },
+    /// The call reached the service without passing the [`Authenticator`]:
+    /// nobody checked who is calling. A server wiring fault, refused rather
+    /// than served with every session in scope.
+    #[error("the call was not authenticated (no caller scope recorded); refused")]
+    NotAuthenticated,
 }
 
 /// The interceptor in front of the coordinator service. Without tokens
-/// (auth disabled) it lets every call through unscoped.
+/// (auth disabled) it lets every call through with the every-session scope.
 #[derive(Clone, Debug, Default)]
 pub struct Authenticator {
     tokens: Option<Tokens>,
@@ -166,13 +176,14 @@ impl Authenticator {
         Self { tokens }
     }
 
-    /// The scope of the credentials in `metadata`.
+    /// The scope of the credentials in `metadata`: every session when
+    /// authentication is off.
     pub fn authenticate(
         &self,
         metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<Option<SessionScope>, AuthError> {
+    ) -> Result<SessionScope, AuthError> {
         let Some(tokens) = &self.tokens else {
-            return Ok(None);
+            return Ok(SessionScope::All);
         };
         let value = metadata
             .get("authorization")
@@ -186,32 +197,36 @@ impl Authenticator {
         tokens
             .scope_of(token.trim().as_bytes())
             .cloned()
-            .map(Some)
             .ok_or(AuthError::Unknown)
     }
 }
 
 impl Interceptor for Authenticator {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(scope) = self.authenticate(request.metadata())? {
-            request.extensions_mut().insert(CallerScope(scope));
-        }
+        let scope = self.authenticate(request.metadata())?;
+        request.extensions_mut().insert(CallerScope(scope));
         Ok(request)
     }
 }
 
 /// The authenticated caller's scope, as the interceptor leaves it in the
-/// request extensions.
+/// request extensions. Private: only [`Authenticator`] can grant one.
 #[derive(Clone, Debug)]
 struct CallerScope(SessionScope);
 
-/// The scope a call may act in: its token's, or every session when
-/// authentication is off.
-pub fn caller_scope<T>(request: &Request<T>) -> SessionScope {
-    request
-        .extensions()
-        .get::<CallerScope>()
-        .map_or(SessionScope::All, |caller| caller.0.clone())
+/// The scope a call may act in, as the interceptor recorded it: its token's,
+/// or every session when authentication is off. A call without one did not
+/// pass the interceptor and is refused ([`AuthError::NotAuthenticated`]):
+/// the absence of a scope never widens into every session.
+pub fn caller_scope<T>(request: &Request<T>) -> Result<SessionScope, AuthError> {
+    match request.extensions().get::<CallerScope>() {
+        Some(caller) => Ok(caller.0.clone()),
+        None => {
+            // Loud: this is a server wiring fault, not a caller's mistake.
+            tracing::error!("a call reached the service without the authenticator; refused");
+            Err(AuthError::NotAuthenticated)
+        }
+    }
 }
 
 /// PERMISSION_DENIED unless `session_id` is in `scope`.
@@ -285,11 +300,11 @@ mod tests {
         let scope = SessionScope::prefix("tenant-a/").unwrap();
         assert_eq!(
             auth.authenticate(&metadata(&format!("Bearer {A}"))),
-            Ok(Some(scope.clone()))
+            Ok(scope.clone())
         );
         assert_eq!(
             auth.authenticate(&metadata(&format!("bearer  {A} "))),
-            Ok(Some(scope))
+            Ok(scope)
         );
         assert_eq!(
             auth.authenticate(&tonic::metadata::MetadataMap::new()),
@@ -307,7 +322,31 @@ mod tests {
         let open = Authenticator::new(None);
         assert_eq!(
             open.authenticate(&tonic::metadata::MetadataMap::new()),
-            Ok(None)
+            Ok(SessionScope::All)
+        );
+    }
+
+    /// The interceptor records a scope on every call it passes, also with
+    /// authentication off; a call it never saw has none and is refused.
+    #[test]
+    fn caller_scope_fails_closed() {
+        assert_eq!(
+            caller_scope(&Request::new(())),
+            Err(AuthError::NotAuthenticated)
+        );
+        let mut open = Authenticator::new(None);
+        let passed = open.call(Request::new(())).expect("auth off lets it in");
+        assert_eq!(caller_scope(&passed), Ok(SessionScope::All));
+        let mut scoped =
+            Authenticator::new(Some(Tokens::parse(&format!("{A} tenant-a/")).unwrap()));
+        let mut request = Request::new(());
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {A}").parse().unwrap());
+        let passed = scoped.call(request).expect("a known token");
+        assert_eq!(
+            caller_scope(&passed),
+            Ok(SessionScope::prefix("tenant-a/").unwrap())
         );
     }
 

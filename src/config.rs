@@ -5,6 +5,8 @@ use std::{net::SocketAddr, path::Path, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// `--log-format`'s values; the type is `telemetry`'s, which consumes it.
+pub use crate::telemetry::LogFormat;
 use crate::{
     auth::Tokens,
     grpc::WatchSettings,
@@ -49,14 +51,6 @@ fn bucket_name(raw: &str) -> Result<String, String> {
     } else {
         Err("must be letters, digits, '-' or '_'".into())
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Human,
-    /// One JSON object per line.
-    Json,
 }
 
 /// Parses `30s`, `5m`, `1h`, `1h30m`; zero is refused.

@@ -1,7 +1,19 @@
 //! The coordinator's typed errors. The gRPC layer maps each variant to one
 //! status code in one place (`grpc::status`); nothing else picks codes.
 
-use crate::{events::Lagged, ids::SessionId};
+use crate::ids::SessionId;
+
+/// A watch ended because its watcher fell behind the live stream. Defined
+/// here, with the error that carries it, so `error` imports nothing but ids;
+/// the event log (`events`) re-exports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lagged {
+    /// How many events it missed.
+    pub missed: u64,
+    /// The last event it was given (resume after this), if any.
+    pub last_revision: Option<u64>,
+    pub last_seq: Option<u64>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CoordError {

@@ -303,15 +303,7 @@ impl Scope {
     }
 }
 
-/// A watch ended because its watcher fell behind the live stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lagged {
-    /// How many events it missed.
-    pub missed: u64,
-    /// The last event it was given (resume after this), if any.
-    pub last_revision: Option<u64>,
-    pub last_seq: Option<u64>,
-}
+pub use crate::error::Lagged;
 
 /// The next thing a watch should send.
 #[derive(Debug)]

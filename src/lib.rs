@@ -27,9 +27,13 @@
 //!   mapping, the service, watch delivery, the per-RPC observation layer
 //!   (span, W3C trace context, call metrics, debug log).
 //! - [`server`] — assembly (health, reflection, expiry task, graceful
-//!   shutdown, TLS, limits: deadlines, load shedding, message size, HTTP/2).
+//!   shutdown, limits: deadlines, message size, HTTP/2); `server/tls.rs`
+//!   reads and checks the PEM files, `server/guard.rs` is the load-shedding
+//!   middleware over the shared concurrency limit.
 //! - [`auth`] — bearer tokens from a file, each with a session scope; the
 //!   interceptor that authenticates calls.
+//! - [`watchers`] — open-watch counters: the watcher limit, and what the
+//!   metrics report about watches.
 //! - [`metrics`] — OpenTelemetry instruments, Prometheus `/metrics` with
 //!   `/healthz` and `/readyz` on the metrics port, OTLP metric export.
 //! - [`config`] — flags and `RESPCOORD_*` environment variables.
@@ -42,6 +46,11 @@
 //!   handles, responses with a cancellation token and a fence, `run`, one
 //!   shared resumable watch per client, retries with request ids. The
 //!   `respcoordctl` binary (src/bin) is built on it.
+//!
+//! Binaries: `respcoord` (src/main.rs); `respcoord-bench`
+//! (src/bin/respcoord-bench/: `main.rs`, one file per command, `servers.rs`
+//! for the in-process empty and respcoord servers, `measure.rs` for the CPU
+//! and RSS probes and the statistics; docs/performance.md); `respcoordctl`.
 
 pub mod auth;
 pub mod backend;
@@ -64,3 +73,4 @@ pub mod session;
 pub mod stats;
 mod sync;
 pub mod telemetry;
+pub mod watchers;

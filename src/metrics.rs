@@ -45,8 +45,8 @@ use tokio::net::TcpListener;
 
 use crate::{
     backend::Coordinator,
-    grpc::watch::{WatchKind, WatchStats},
     stats::{TransitionKind, EVENT_KINDS},
+    watchers::{WatchKind, WatchStats},
 };
 
 /// Histogram buckets for call durations, in seconds: coordinator calls take

@@ -10,48 +10,42 @@
 //! - the router; health is reached directly (probes are never shed, never
 //!   need a token);
 //! - coordinator and reflection: load shedding over one global concurrency
-//!   limit ([`Guarded`]): a call beyond `--max-concurrent-calls` in flight
-//!   is answered UNAVAILABLE at once rather than queued;
-//! - coordinator only: the bearer-token interceptor (`auth`), then the
-//!   service with its message size limits.
+//!   limit ([`Guarded`], `server::guard`): a call beyond
+//!   `--max-concurrent-calls` in flight is answered UNAVAILABLE at once
+//!   rather than queued;
+//! - coordinator only: the bearer-token interceptor (`auth`), always, also
+//!   with authentication off (it records the every-session scope the service
+//!   requires), then the service with its message size limits.
+//!
+//! TLS material is read and checked in `server::tls`.
 //!
 //! Shutdown order (SIGTERM or the caller's signal): `/readyz` turns 503 and
 //! health NOT_SERVING for both service names; open watches end with OK; the
 //! server stops accepting and lets in-flight calls finish for up to the grace
 //! period; then the metrics port closes.
 
-use std::{
-    convert::Infallible,
-    fmt,
-    future::Future,
-    path::Path,
-    pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
-    time::Duration,
-};
+mod guard;
+mod tls;
 
-use http::{Request, Response};
-use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+use std::{future::Future, sync::Arc, time::Duration};
+
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::{
-    body::Body,
-    server::NamedService,
     service::interceptor::InterceptedService,
-    transport::{server::TcpIncoming, Certificate, Identity, Server, ServerTlsConfig},
+    transport::{server::TcpIncoming, Server},
 };
 use tonic_health::ServingStatus;
-use tower::{
-    limit::{ConcurrencyLimit, GlobalConcurrencyLimitLayer},
-    load_shed::LoadShed,
-    Layer, Service,
-};
+use tower::limit::GlobalConcurrencyLimitLayer;
 
+pub use self::{
+    guard::Guarded,
+    tls::{Pem, TlsConfig},
+};
 use crate::{
     auth::{Authenticator, Tokens},
     backend::Coordinator,
-    grpc::{observe::ObserveLayer, status, CoordinatorService, WatchSettings},
+    grpc::{observe::ObserveLayer, CoordinatorService, WatchSettings},
     metrics::{self, Metrics, Readiness, Sources},
     proto::{self, v1::response_coordinator_server::ResponseCoordinatorServer},
     registry::{Registry, RegistryConfig},
@@ -115,72 +109,6 @@ impl Default for Limits {
             http2_keepalive_timeout: Duration::from_secs(20),
             max_concurrent_streams: 1024,
         }
-    }
-}
-
-/// PEM text read from a file. `Debug` shows only its size: a private key
-/// never reaches a log.
-#[derive(Clone)]
-pub struct Pem(Arc<[u8]>);
-
-impl fmt::Debug for Pem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Pem({} bytes)", self.0.len())
-    }
-}
-
-impl Pem {
-    /// A file of one or more PEM certificates (a chain, or CA roots).
-    pub fn certificates(path: &Path) -> Result<Self, String> {
-        let pem = read(path)?;
-        let mut count = 0;
-        for certificate in CertificateDer::pem_slice_iter(&pem) {
-            certificate.map_err(|e| format!("not a PEM certificate file: {e}"))?;
-            count += 1;
-        }
-        if count == 0 {
-            return Err("no PEM certificate (-----BEGIN CERTIFICATE-----) in the file".into());
-        }
-        Ok(Self(pem.into()))
-    }
-
-    /// A file holding a PEM private key (PKCS#8, PKCS#1 or SEC1).
-    pub fn private_key(path: &Path) -> Result<Self, String> {
-        let pem = read(path)?;
-        // The parse error never quotes the key.
-        PrivateKeyDer::from_pem_slice(&pem).map_err(|_| "no PEM private key in the file")?;
-        Ok(Self(pem.into()))
-    }
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("cannot read: {e}"))
-}
-
-/// TLS from PEM files; mutual TLS when `client_ca` is set (clients must
-/// present a certificate it signed).
-#[derive(Clone, Debug)]
-pub struct TlsConfig {
-    pub cert: Pem,
-    pub key: Pem,
-    pub client_ca: Option<Pem>,
-}
-
-impl TlsConfig {
-    fn server_config(&self) -> ServerTlsConfig {
-        let config =
-            ServerTlsConfig::new().identity(Identity::from_pem(&*self.cert.0, &*self.key.0));
-        match &self.client_ca {
-            Some(ca) => config.client_ca_root(Certificate::from_pem(&*ca.0)),
-            None => config,
-        }
-    }
-
-    /// Builds the rustls configuration once, to refuse a bad one at startup
-    /// (a key that does not match the certificate, ...).
-    pub fn check(&self) -> Result<(), ServeError> {
-        Server::builder().tls_config(self.server_config())?;
-        Ok(())
     }
 }
 
@@ -265,6 +193,8 @@ pub async fn serve_coordinator(
     let coordinator = ResponseCoordinatorServer::new(service)
         .max_decoding_message_size(limits.max_message_bytes)
         .max_encoding_message_size(limits.max_message_bytes);
+    // Always behind the authenticator, with or without tokens: the service
+    // refuses a call that carries no caller scope (`auth::caller_scope`).
     let coordinator = InterceptedService::new(coordinator, Authenticator::new(config.auth.clone()));
     let in_flight = GlobalConcurrencyLimitLayer::new(limits.max_concurrent_calls);
     let max_in_flight = limits.max_concurrent_calls;
@@ -344,55 +274,4 @@ pub async fn serve_coordinator(
     }
     let _ = tokio::task::spawn_blocking(move || metrics.shutdown()).await;
     result
-}
-
-/// A routed service behind load shedding over a shared concurrency limit:
-/// when the limit is reached, the call is answered UNAVAILABLE immediately
-/// (`grpc::status`) instead of waiting for a slot.
-#[derive(Clone)]
-pub struct Guarded<S> {
-    inner: LoadShed<ConcurrencyLimit<S>>,
-    max_in_flight: usize,
-}
-
-impl<S> Guarded<S> {
-    fn new(service: S, limit: &GlobalConcurrencyLimitLayer, max_in_flight: usize) -> Self {
-        Self {
-            inner: LoadShed::new(limit.layer(service)),
-            max_in_flight,
-        }
-    }
-}
-
-impl<S: NamedService> NamedService for Guarded<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S, B> Service<Request<Body>> for Guarded<S>
-where
-    S: Service<Request<Body>, Response = Response<B>, Error = Infallible>,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = tonic::codegen::Bytes> + Send + 'static,
-    B::Error: Into<tower::BoxError>,
-{
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // Load shedding is always ready; when the limit is reached the call
-        // itself fails with `Overloaded`, answered below.
-        self.inner.poll_ready(cx).map(|_| Ok(()))
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let call = self.inner.call(request);
-        let max_in_flight = self.max_in_flight;
-        Box::pin(async move {
-            Ok(match call.await {
-                Ok(response) => response.map(Body::new),
-                Err(error) => status::from_layer_error(error, max_in_flight).into_http(),
-            })
-        })
-    }
 }

@@ -27,7 +27,20 @@ use tracing_subscriber::{
     EnvFilter, Layer,
 };
 
-use crate::config::LogFormat;
+/// The target of the per-call span (`grpc::observe`); the OTLP layer below
+/// selects it by name, so the name lives with the layer that depends on it.
+pub const RPC_SPAN_TARGET: &str = "respcoord::rpc";
+
+/// How log lines are written (`--log-format`). Here rather than in `config`
+/// because [`init`] consumes it: `config` parses flags into it, and nothing in
+/// the library has to import the flag parser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Which OTLP signals the environment asks to export.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -143,7 +156,7 @@ pub fn init(
             .with_filter(
                 Targets::new()
                     .with_default(LevelFilter::INFO)
-                    .with_target(crate::grpc::observe::RPC_SPAN_TARGET, LevelFilter::DEBUG),
+                    .with_target(RPC_SPAN_TARGET, LevelFilter::DEBUG),
             )
     });
     tracing_subscriber::registry()

@@ -25,10 +25,8 @@ use tower::{BoxError, Layer, Service};
 use tracing::{field::Empty, Instrument, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+pub use crate::telemetry::RPC_SPAN_TARGET;
 use crate::{grpc::status, metrics::RpcMetrics, telemetry};
-
-/// The target of the per-call span; the OTLP layer selects it by name.
-pub const RPC_SPAN_TARGET: &str = "respcoord::rpc";
 
 /// Adds [`Observe`] to a service.
 #[derive(Clone, Debug)]

@@ -61,7 +61,7 @@ impl CoordinatorService {
 /// Checks the call's (validated) session id against the caller's scope and
 /// records it on the RPC span.
 fn authorized<T>(request: &Request<T>, session_id: &SessionId) -> Result<(), Status> {
-    authorize(&caller_scope(request), session_id)?;
+    authorize(&caller_scope(request)?, session_id)?;
     Span::current().record("session_id", session_id.as_str());
     Ok(())
 }
@@ -190,7 +190,7 @@ impl ResponseCoordinator for CoordinatorService {
         let args = convert::list(request.get_ref())?;
         let page = self
             .coordinator
-            .list(&caller_scope(&request), args.page_size, args.cursor)
+            .list(&caller_scope(&request)?, args.page_size, args.cursor)
             .await?;
         record("listed", 0);
         Ok(Response::new(pb::ListSessionsResponse {
@@ -207,7 +207,7 @@ impl ResponseCoordinator for CoordinatorService {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let target = convert::watch(request.get_ref())?;
-        let scope = caller_scope(&request);
+        let scope = caller_scope(&request)?;
         let kind = match &target {
             WatchTarget::Session { session_id, .. } => {
                 authorize(&scope, session_id)?;
@@ -242,5 +242,87 @@ impl ResponseCoordinator for CoordinatorService {
                 .instrument(Span::current()),
         );
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Fail closed: the service refuses a call the authenticator never saw,
+    //! whatever the call, and serves the same call once it has.
+
+    use tonic::{service::Interceptor, Code};
+
+    use super::*;
+    use crate::{
+        auth::Authenticator,
+        registry::{Registry, RegistryConfig},
+    };
+
+    fn service() -> CoordinatorService {
+        CoordinatorService::new(
+            Registry::new(RegistryConfig::default()).into(),
+            WatchSettings::default(),
+            CancellationToken::new(),
+        )
+    }
+
+    fn start() -> pb::StartRequest {
+        pb::StartRequest {
+            session_id: "s-1".into(),
+            source: pb::Source::Client.into(),
+            request_id: String::new(),
+        }
+    }
+
+    /// `message` as the interceptor would pass it (authentication off).
+    fn intercepted<T>(message: T) -> Request<T> {
+        let passed = Authenticator::new(None)
+            .call(Request::new(()))
+            .expect("auth off lets every call in");
+        let (metadata, extensions, ()) = passed.into_parts();
+        Request::from_parts(metadata, extensions, message)
+    }
+
+    fn refused<T: std::fmt::Debug>(result: Result<T, Status>) {
+        let status = result.expect_err("a call without the interceptor is refused");
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    }
+
+    #[tokio::test]
+    async fn a_service_reached_without_the_interceptor_denies() {
+        let service = service();
+        refused(service.start(Request::new(start())).await);
+        refused(
+            service
+                .get_state(Request::new(pb::GetStateRequest {
+                    session_id: "s-1".into(),
+                }))
+                .await,
+        );
+        refused(
+            service
+                .list_sessions(Request::new(pb::ListSessionsRequest::default()))
+                .await,
+        );
+        refused(
+            service
+                .watch(Request::new(pb::WatchRequest::default()))
+                .await
+                .map(|_| ()),
+        );
+        // Nothing was created by the refused Start.
+        let listed = service
+            .list_sessions(intercepted(pb::ListSessionsRequest::default()))
+            .await
+            .expect("intercepted list")
+            .into_inner();
+        assert!(listed.sessions.is_empty(), "{listed:?}");
+        // The same call through the interceptor is served.
+        let started = service
+            .start(intercepted(start()))
+            .await
+            .expect("intercepted start")
+            .into_inner();
+        assert_ne!(started.response_id, 0);
     }
 }

@@ -27,10 +27,15 @@ impl From<CoordError> for Status {
 }
 
 /// Missing or unknown credentials are UNAUTHENTICATED (who are you?); a
-/// known caller acting outside its scope is PERMISSION_DENIED.
+/// known caller acting outside its scope is PERMISSION_DENIED. A call that
+/// never passed the authenticator is UNAUTHENTICATED too: nobody established
+/// who is calling, and PERMISSION_DENIED would claim a known caller.
 pub fn auth_code(error: &AuthError) -> Code {
     match error {
-        AuthError::Missing | AuthError::Malformed | AuthError::Unknown => Code::Unauthenticated,
+        AuthError::Missing
+        | AuthError::Malformed
+        | AuthError::Unknown
+        | AuthError::NotAuthenticated => Code::Unauthenticated,
         AuthError::OutOfScope { .. } => Code::PermissionDenied,
     }
 }

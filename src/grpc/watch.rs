@@ -4,13 +4,7 @@
 //! or at server shutdown, and ending with RESOURCE_EXHAUSTED when the watcher
 //! fell behind.
 
-use std::{
-    sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+use std::time::Duration;
 
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -22,6 +16,10 @@ use crate::{
     grpc::convert,
     proto::v1 as pb,
 };
+
+/// The counters live in `watchers` (read by `metrics` too); named here as
+/// well, where the service takes them from.
+pub use crate::watchers::{WatchKind, WatchSlot, WatchStats};
 
 /// How watches are delivered.
 #[derive(Clone, Copy, Debug)]
@@ -48,71 +46,6 @@ impl Default for WatchSettings {
 }
 
 pub type WatchItem = Result<pb::WatchResponse, Status>;
-
-/// What a watch covers, for counting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WatchKind {
-    Session,
-    All,
-}
-
-impl WatchKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WatchKind::Session => "session",
-            WatchKind::All => "all",
-        }
-    }
-}
-
-/// Open watches and how many were ended for falling behind, shared by the
-/// service (which enforces the watcher limit) and the metrics.
-#[derive(Debug, Default)]
-pub struct WatchStats {
-    open: AtomicUsize,
-    open_by_kind: [AtomicU64; 2],
-    lagged_by_kind: [AtomicU64; 2],
-}
-
-impl WatchStats {
-    /// A slot for one more watch, unless `max` are open.
-    pub fn try_open(self: &Arc<Self>, kind: WatchKind, max: usize) -> Option<WatchSlot> {
-        self.open
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
-                (open < max).then_some(open + 1)
-            })
-            .ok()?;
-        self.open_by_kind[kind as usize].fetch_add(1, Ordering::Relaxed);
-        Some(WatchSlot {
-            stats: Arc::clone(self),
-            kind,
-        })
-    }
-
-    /// Watches open now.
-    pub fn open(&self, kind: WatchKind) -> u64 {
-        self.open_by_kind[kind as usize].load(Ordering::Relaxed)
-    }
-
-    /// Watches ended with RESOURCE_EXHAUSTED for falling behind, since boot.
-    pub fn lagged(&self, kind: WatchKind) -> u64 {
-        self.lagged_by_kind[kind as usize].load(Ordering::Relaxed)
-    }
-}
-
-/// One open watch; the count drops when it does.
-#[derive(Debug)]
-pub struct WatchSlot {
-    stats: Arc<WatchStats>,
-    kind: WatchKind,
-}
-
-impl Drop for WatchSlot {
-    fn drop(&mut self) {
-        self.stats.open_by_kind[self.kind as usize].fetch_sub(1, Ordering::Relaxed);
-        self.stats.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
 
 fn events_message(events: &[SharedEvent]) -> pb::WatchResponse {
     pb::WatchResponse {
@@ -166,7 +99,7 @@ pub async fn pump_counted(
 ) {
     let ended = deliver(subscription, &tx, settings, &shutdown).await;
     if ended == LAGGED {
-        slot.stats.lagged_by_kind[slot.kind as usize].fetch_add(1, Ordering::Relaxed);
+        slot.count_lagged();
     }
     tracing::Span::current().record("outcome", ended);
     drop(slot);

@@ -1,0 +1,311 @@
+//! `respcoord-bench cluster`: the NATS backend's Start/Finish over gRPC
+//! against raw JetStream KV compare-and-set on the same server, same
+//! concurrency, in one run.
+
+use std::{
+    process::ExitCode,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use clap::Args;
+use respcoord::{
+    proto::v1 as pb,
+    registry::RegistryConfig,
+    server::{self, ServerConfig},
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Endpoint;
+
+use crate::{
+    duration,
+    measure::{ms, percentiles, unix_nanos},
+    Client,
+};
+
+#[derive(Debug, Clone, Args)]
+pub struct ClusterArgs {
+    /// NATS with JetStream (loopback).
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
+    /// Concurrent callers (tasks), each on its own sessions/keys.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Sessions (keys) per caller.
+    #[arg(long, default_value_t = 8)]
+    sessions_per_caller: usize,
+    /// respcoord replicas serving the bucket (callers spread over them).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// Measured time per side.
+    #[arg(long, default_value = "3s", value_parser = duration)]
+    duration: Duration,
+    /// Buckets in NATS memory instead of on disk.
+    #[arg(long)]
+    memory_storage: bool,
+}
+
+pub fn cluster(args: ClusterArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cluster_run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("cluster bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
+    use async_nats::jetstream::{self, stream::StorageType};
+    use respcoord::nats::{NatsCoordinator, NatsSettings};
+
+    println!(
+        "cluster: {} callers x {} sessions each, {} replica(s), {:?} per side, {} storage",
+        args.concurrency,
+        args.sessions_per_caller,
+        args.replicas,
+        args.duration,
+        if args.memory_storage {
+            "memory"
+        } else {
+            "file"
+        }
+    );
+    // Baseline: raw KV compare-and-set, each caller cycling over its keys
+    // with the revision the previous write returned.
+    let client = async_nats::connect(args.nats_url.as_str())
+        .await
+        .map_err(|e| format!("connect {}: {e}", args.nats_url))?;
+    let js = jetstream::new(client);
+    let raw_bucket = bench_bucket("raw");
+    // The same stream layout the backend creates (src/nats.rs).
+    js.create_stream(jetstream::stream::Config {
+        name: format!("KV_{raw_bucket}"),
+        subjects: vec![format!("$KV.{raw_bucket}.>")],
+        max_messages_per_subject: 16,
+        storage: if args.memory_storage {
+            StorageType::Memory
+        } else {
+            StorageType::File
+        },
+        discard: jetstream::stream::DiscardPolicy::New,
+        allow_rollup: true,
+        deny_delete: true,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| format!("raw bucket: {e}"))?;
+    let kv = js
+        .get_key_value(raw_bucket.as_str())
+        .await
+        .map_err(|e| format!("raw bucket: {e}"))?;
+    let value = bytes::Bytes::from(vec![7u8; 96]);
+    let keys = args.concurrency * args.sessions_per_caller;
+    let revisions: Arc<Vec<std::sync::atomic::AtomicU64>> = Arc::new(
+        (0..keys)
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect(),
+    );
+    let per = args.sessions_per_caller;
+    let mut raw = {
+        let kv = kv.clone();
+        let revisions = Arc::clone(&revisions);
+        drive(args.concurrency, args.duration, move |lane, n| {
+            let kv = kv.clone();
+            let value = value.clone();
+            let revisions = Arc::clone(&revisions);
+            async move {
+                let slot = lane * per + (n as usize % per);
+                let expected = revisions[slot].load(std::sync::atomic::Ordering::Relaxed);
+                match kv.update(format!("k{slot}"), value, expected).await {
+                    Ok(revision) => {
+                        revisions[slot].store(revision, std::sync::atomic::Ordering::Relaxed);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+        })
+        .await
+    };
+    let _ = js.delete_key_value(&raw_bucket).await;
+
+    // respcoord on a bucket of its own: Start, then Finish, per session.
+    let bucket = bench_bucket("coord");
+    let settings = NatsSettings {
+        url: args.nats_url.clone(),
+        bucket: bucket.clone(),
+        memory_storage: args.memory_storage,
+        ..NatsSettings::default()
+    };
+    let mut urls = Vec::new();
+    let mut stops = Vec::new();
+    for _ in 0..args.replicas.max(1) {
+        let nats = NatsCoordinator::connect(&settings, RegistryConfig::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let stop = CancellationToken::new();
+        let config = ServerConfig {
+            shutdown_grace: Duration::from_secs(2),
+            ..ServerConfig::default()
+        };
+        tokio::spawn(server::serve_coordinator(
+            nats.into(),
+            config,
+            listener,
+            stop.clone().cancelled_owned(),
+        ));
+        urls.push(format!("http://{addr}"));
+        stops.push(stop);
+    }
+    let mut clients = Vec::new();
+    for lane in 0..args.concurrency {
+        let url = &urls[lane % urls.len()];
+        let channel = Endpoint::from_shared(url.clone())
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        clients.push(Client::new(channel));
+    }
+    let clients = Arc::new(clients);
+    let active: Arc<Vec<std::sync::atomic::AtomicU64>> = Arc::new(
+        (0..keys)
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect(),
+    );
+    let mut coordinated = drive(args.concurrency, args.duration, move |lane, n| {
+        let mut client = clients[lane].clone();
+        let active = Arc::clone(&active);
+        async move {
+            let slot = lane * per + ((n / 2) as usize % per);
+            let session_id = format!("bench-{slot}");
+            let live = active[slot].load(std::sync::atomic::Ordering::Relaxed);
+            if live == 0 {
+                let request = pb::StartRequest {
+                    session_id,
+                    source: pb::Source::Client.into(),
+                    request_id: String::new(),
+                };
+                match client.start(request).await {
+                    Ok(reply) => {
+                        let id = reply.into_inner().response_id;
+                        active[slot].store(id, std::sync::atomic::Ordering::Relaxed);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            } else {
+                active[slot].store(0, std::sync::atomic::Ordering::Relaxed);
+                let request = pb::FinishRequest {
+                    session_id,
+                    response_id: live,
+                    status: pb::TerminalStatus::Completed.into(),
+                };
+                client.finish(request).await.is_ok()
+            }
+        }
+    })
+    .await;
+    for stop in stops {
+        stop.cancel();
+    }
+    let _ = js.delete_key_value(&bucket).await;
+
+    let (raw_rate, raw_p99) = raw.print("raw KV CAS");
+    let (rate, p99) = coordinated.print("respcoord (nats) calls");
+    println!(
+        "ratio respcoord/raw: throughput {:.2}x, p99 {:.2}x",
+        rate / raw_rate.max(1e-9),
+        p99 as f64 / (raw_p99.max(1)) as f64
+    );
+    Ok(())
+}
+
+/// Calls per second and latency samples of one side.
+pub struct Side {
+    calls: u64,
+    window: Duration,
+    latencies: Vec<u64>,
+    errors: u64,
+}
+
+impl Side {
+    fn print(&mut self, name: &str) -> (f64, u64) {
+        let rate = self.calls as f64 / self.window.as_secs_f64().max(1e-9);
+        let p = percentiles(&mut self.latencies);
+        let (p50, p99) = p.as_ref().map_or((0, 0), |p| (p.p50, p.p99));
+        println!(
+            "{name:<22} {rate:>9.0} ops/s  p50 {}  p99 {}  errors {}",
+            ms(p50),
+            ms(p99),
+            self.errors
+        );
+        (rate, p99)
+    }
+}
+
+pub fn bench_bucket(label: &str) -> String {
+    format!("bench_{label}_{}", unix_nanos() % 1_000_000_000_000)
+}
+
+/// Runs `op` in `concurrency` tasks for `duration`, timing each call.
+pub async fn drive<F, Fut>(concurrency: usize, duration: Duration, op: F) -> Side
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let began = Instant::now();
+    let deadline = began + duration;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|lane| {
+            let op = Arc::clone(&op);
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut errors = 0;
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    let at = Instant::now();
+                    if op(lane, n).await {
+                        latencies.push(u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX));
+                    } else {
+                        errors += 1;
+                    }
+                    n += 1;
+                }
+                (latencies, errors)
+            })
+        })
+        .collect();
+    let mut side = Side {
+        calls: 0,
+        window: Duration::ZERO,
+        latencies: Vec::new(),
+        errors: 0,
+    };
+    for task in tasks {
+        if let Ok((latencies, errors)) = task.await {
+            side.calls += latencies.len() as u64;
+            side.latencies.extend(latencies);
+            side.errors += errors;
+        }
+    }
+    side.window = began.elapsed();
+    side
+}

@@ -1,0 +1,82 @@
+//! `respcoord-bench`: measures respcoord against the ceiling of its own stack.
+//!
+//! - `respcoord-bench wire`: drives the real gRPC wire (C connections x M calls
+//!   in flight) through four workloads, each against respcoord AND, in the
+//!   same run, against an in-process "empty" tonic server for the same proto
+//!   whose handlers only return a default reply (its Watch never sends). It
+//!   prints throughput and p50/p99/p99.9 latency for both and the ratio
+//!   respcoord/empty, which is what the targets in docs/performance.md are
+//!   written against: on a shared 2-core machine absolute numbers drift,
+//!   the ratio measured in one run does much less.
+//! - `respcoord-bench memory`: RSS growth for N sessions that each ran one
+//!   Start/Finish (bytes per session), then the CPU the whole server process
+//!   uses with those sessions idle and no traffic (% of one core).
+//!
+//! - `respcoord-bench cluster`: the NATS backend's Start/Finish over gRPC
+//!   against raw JetStream KV compare-and-set (`update` with the revision it
+//!   got back, no read) on the same NATS server, same concurrency, in one run;
+//!   prints both and the ratio.
+//!
+//! Only loopback is ever targeted: the in-process servers listen on
+//! 127.0.0.1, and `--endpoint` must resolve to loopback addresses. Every run
+//! is bounded by `--warmup` + `--duration` per workload and server.
+//!
+//! One file per command (`wire`, `memory`, `cluster`), `servers` for the
+//! in-process servers (the empty ceiling and respcoord), `measure` for the
+//! machine and process probes (CPU, RSS, load) and the statistics.
+
+mod cluster;
+mod measure;
+mod memory;
+mod servers;
+mod wire;
+
+/// See `mimalloc` in Cargo.toml: the binaries use mimalloc, the library
+/// leaves the choice to whoever links it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::{process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand};
+use respcoord::proto::v1::response_coordinator_client::ResponseCoordinatorClient;
+use tonic::transport::Channel;
+
+use crate::{cluster::ClusterArgs, memory::MemoryArgs, wire::WireArgs};
+
+type Client = ResponseCoordinatorClient<Channel>;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "respcoord-bench",
+    about = "Load generator and memory/idle-CPU probe for respcoord (see docs/performance.md)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Wire workloads against respcoord and an empty server for the same proto.
+    Wire(WireArgs),
+    /// RSS per session after one Start/Finish each, then idle CPU of the server.
+    Memory(MemoryArgs),
+    /// The NATS backend against raw JetStream KV compare-and-set on the same
+    /// server, in one run.
+    Cluster(ClusterArgs),
+}
+
+fn duration(raw: &str) -> Result<Duration, String> {
+    humantime::parse_duration(raw).map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    measure::print_machine();
+    match cli.command {
+        Command::Wire(args) => wire::wire(args),
+        Command::Memory(args) => memory::memory(args),
+        Command::Cluster(args) => cluster::cluster(args),
+    }
+}
