@@ -11,15 +11,15 @@
 //! An enum rather than a trait object: the memory path stays a direct,
 //! synchronous call with no boxing, and the set of backends is closed.
 
-use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
-
+pub use crate::shared::{PageToken, SessionPage};
 use crate::{
+    decision::{Changed, Started},
     error::CoordError,
     events::Subscription,
     ids::{RequestId, ResponseId, SessionId, SessionScope},
     machine::{FinishStatus, Source},
     nats::NatsCoordinator,
-    registry::{Changed, PageCursor, Registry, Started},
+    registry::Registry,
     session::SessionSnapshot,
     stats::CoordStats,
 };
@@ -40,51 +40,6 @@ impl From<Registry> for Coordinator {
 impl From<NatsCoordinator> for Coordinator {
     fn from(nats: NatsCoordinator) -> Self {
         Coordinator::Nats(nats)
-    }
-}
-
-/// One page of ListSessions, whichever backend listed it.
-#[derive(Clone, Debug)]
-pub struct SessionPage {
-    pub sessions: Vec<SessionSnapshot>,
-    pub next: Option<PageToken>,
-    /// Every event with seq at or below this is reflected in `sessions`.
-    pub seq: u64,
-}
-
-/// Where a listing resumes. The memory registry lists in its own hash order
-/// (tokens bind to the instance); the NATS backend lists in id order, so its
-/// tokens are good on every replica.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PageToken {
-    Registry(PageCursor),
-    AfterId(SessionId),
-}
-
-const AFTER_ID_TAG: &str = "n1\0";
-
-impl PageToken {
-    /// The opaque `page_token` form.
-    pub fn encode(&self) -> String {
-        match self {
-            PageToken::Registry(cursor) => cursor.encode(),
-            PageToken::AfterId(id) => URL_SAFE_NO_PAD.encode(format!("{AFTER_ID_TAG}{id}")),
-        }
-    }
-
-    /// Parses a `page_token`; the error is the reason it was refused.
-    pub fn decode(token: &str) -> Result<Self, &'static str> {
-        let after_id = URL_SAFE_NO_PAD
-            .decode(token)
-            .ok()
-            .and_then(|raw| String::from_utf8(raw).ok())
-            .and_then(|raw| raw.strip_prefix(AFTER_ID_TAG).map(str::to_owned));
-        match after_id {
-            Some(id) => SessionId::parse(&id)
-                .map(PageToken::AfterId)
-                .map_err(|_| "is not a token this coordinator issued"),
-            None => PageCursor::decode(token).map(PageToken::Registry),
-        }
     }
 }
 

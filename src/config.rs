@@ -11,8 +11,8 @@ use crate::{
     auth::Tokens,
     grpc::WatchSettings,
     nats::NatsSettings,
-    registry::RegistryConfig,
     server::{Limits, Pem, TlsConfig},
+    shared::RegistryConfig,
 };
 
 #[derive(Debug, Parser)]

@@ -126,14 +126,33 @@ pub fn decide(
         });
     }
     let (outcome, change) = session.apply(call, stamp(), history_limit, now);
-    Ok(Decision {
+    let decision = Decision {
         reply: reply_of(outcome),
         state: session.snapshot(id),
         created,
         replayed: false,
         before,
         change,
-    })
+    };
+    trace(id, call, &decision);
+    Ok(decision)
+}
+
+/// One debug event per transition, here for both backends and expiry (as
+/// quinn-proto traces inside its state machine): filtering
+/// `respcoord::decision=debug` shows every change of every session.
+fn trace(id: &SessionId, call: &Call, decision: &Decision) {
+    if decision.change.is_empty() {
+        return;
+    }
+    tracing::debug!(
+        session_id = %id,
+        ?call,
+        reply = ?decision.reply,
+        revision = decision.state.revision,
+        events = decision.change.kinds.len(),
+        "transition"
+    );
 }
 
 fn reply_of(outcome: Outcome) -> Reply {
@@ -173,7 +192,8 @@ pub const EXPIRY: Call = Call::Teardown {
     reason: TeardownReason::Expired,
 };
 
-/// Decides what expiry does with `session` at `now`. Strictly after the
+/// Decides what expiry does with `session` at `now` (a forget is traced by
+/// the backend that carries it out, once it has). Strictly after the
 /// deadline, so a session never expires before its TTL even with
 /// millisecond rounding.
 pub fn decide_expiry(
@@ -190,15 +210,17 @@ pub fn decide_expiry(
         ExpiryCheck::Expire => {
             let before = session.phase();
             let (outcome, change) = session.apply(&EXPIRY, stamp(), history_limit, now);
+            let decision = Decision {
+                reply: reply_of(outcome),
+                state: session.snapshot(id),
+                created: false,
+                replayed: false,
+                before,
+                change,
+            };
+            trace(id, &EXPIRY, &decision);
             ExpiryDecision::Expired {
-                decision: Decision {
-                    reply: reply_of(outcome),
-                    state: session.snapshot(id),
-                    created: false,
-                    replayed: false,
-                    before,
-                    change,
-                },
+                decision,
                 next_check: session.next_deadline(ttls).saturating_add(1),
             }
         }

@@ -70,6 +70,7 @@ pub mod proto;
 pub mod registry;
 pub mod server;
 pub mod session;
+pub mod shared;
 pub mod stats;
 mod sync;
 pub mod telemetry;

@@ -21,6 +21,8 @@
 //! See `docs/cluster.md` for the consistency each call gets and what each
 //! failure does.
 
+#[cfg(test)]
+mod call_tests;
 mod entry;
 mod expiry;
 mod mirror;
@@ -42,15 +44,14 @@ use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    backend::{PageToken, SessionPage},
     decision::{self, Changed, Decision, ExpiryDecision, Presence, Reply, Room, Stamp, Started},
     error::CoordError,
     events::{EventLog, LogLimits, Scope, Subscription},
     ids::{RequestId, ResponseId, SessionId, SessionScope},
     machine::{FinishStatus, Phase, Source, TeardownReason},
     nats::mirror::Mirror,
-    registry::{Clock, RegistryConfig},
     session::{Call, Millis, Session, SessionSnapshot, Ttls},
+    shared::{Clock, PageToken, RegistryConfig, SessionPage},
     stats::CoordStats,
     sync::Mutex,
 };

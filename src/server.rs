@@ -48,7 +48,8 @@ use crate::{
     grpc::{observe::ObserveLayer, CoordinatorService, WatchSettings},
     metrics::{self, Metrics, Readiness, Sources},
     proto::{self, v1::response_coordinator_server::ResponseCoordinatorServer},
-    registry::{Registry, RegistryConfig},
+    registry::Registry,
+    shared::RegistryConfig,
 };
 
 #[derive(Clone, Debug)]

@@ -24,7 +24,7 @@ use crate::{
 const PATIENCE: Duration = Duration::from_secs(20);
 
 /// Whether NATS is there to test against (see the module docs).
-async fn nats_available() -> bool {
+pub(super) async fn nats_available() -> bool {
     if std::env::var_os("RESPCOORD_TEST_NATS_URL").is_some() {
         return true;
     }
@@ -39,7 +39,7 @@ async fn nats_available() -> bool {
 
 /// A replica on a bucket no other test (or earlier run) uses, keeping
 /// `history` entries per key.
-async fn coordinator(history: u8, config: RegistryConfig) -> NatsCoordinator {
+pub(super) async fn coordinator(history: u8, config: RegistryConfig) -> NatsCoordinator {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()

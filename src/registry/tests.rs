@@ -2,6 +2,8 @@
 //! expiry and tombstones on tokio's paused clock, the expirer task's wake-ups,
 //! page cursors, and watcher bookkeeping.
 
+use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
+
 use super::*;
 use crate::{
     events::Delivery,
