@@ -21,16 +21,20 @@
 //! See `docs/cluster.md` for the consistency each call gets and what each
 //! failure does.
 
+mod cache;
 #[cfg(test)]
 mod call_tests;
 mod entry;
 mod expiry;
+mod follow;
+mod locks;
 mod mirror;
+mod setup;
+mod watch;
 #[cfg(test)]
 mod watch_tests;
 
 use std::{
-    collections::{HashMap, VecDeque},
     sync::{Arc, PoisonError},
     time::Duration,
 };
@@ -38,15 +42,14 @@ use std::{
 use async_nats::jetstream::{
     self,
     kv::{self, Operation, UpdateErrorKind},
-    stream::{DiscardPolicy, StorageType},
 };
-use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
+use self::{cache::EntryCache, locks::KeyedLocks};
 use crate::{
     decision::{self, Changed, Decision, ExpiryDecision, Presence, Reply, Room, Stamp, Started},
     error::CoordError,
-    events::{EventLog, LogLimits, Scope, Subscription},
+    events::{EventLog, LogLimits},
     ids::{RequestId, ResponseId, SessionId, SessionScope},
     machine::{FinishStatus, Phase, Source, TeardownReason},
     nats::mirror::Mirror,
@@ -55,55 +58,7 @@ use crate::{
     stats::CoordStats,
     sync::Mutex,
 };
-
-/// How to reach and lay out the bucket.
-#[derive(Clone, Debug)]
-pub struct NatsSettings {
-    /// `nats://host:port`, comma-separated for several seed servers.
-    pub url: String,
-    pub bucket: String,
-    /// JetStream replicas of the bucket's stream (1, 3 or 5).
-    pub replicas: usize,
-    /// Entries kept per session key: the window for Watch `after_revision`
-    /// resume, in transitions (at most 64, JetStream's per-key cap).
-    pub history: u8,
-    /// Longest a single JetStream request may take before the call is
-    /// answered UNAVAILABLE.
-    pub request_timeout: Duration,
-    /// Keep the bucket in memory instead of on disk (when this process
-    /// creates it): faster, and lost if every NATS node restarts at once.
-    pub memory_storage: bool,
-    /// Drop stored messages older than this (when this process creates the
-    /// bucket); zero keeps them. Reclaims the purge markers forgotten
-    /// sessions leave behind. It must exceed the idle TTL plus the tombstone
-    /// TTL by a margin, or a live session's entry could age out.
-    pub max_age: Duration,
-}
-
-impl Default for NatsSettings {
-    fn default() -> Self {
-        Self {
-            url: "nats://127.0.0.1:4222".into(),
-            bucket: "respcoord".into(),
-            replicas: 1,
-            history: 16,
-            request_timeout: Duration::from_secs(2),
-            memory_storage: false,
-            max_age: Duration::ZERO,
-        }
-    }
-}
-
-/// Why the backend could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum NatsError {
-    #[error("cannot connect to NATS at {url}: {reason}")]
-    Connect { url: String, reason: String },
-    #[error("bucket {bucket:?}: {reason}")]
-    Bucket { bucket: String, reason: String },
-    #[error("reading bucket {bucket:?} at startup: {reason}")]
-    Load { bucket: String, reason: String },
-}
+pub use setup::{NatsError, NatsSettings};
 
 /// Compare-and-set attempts per call before it is answered ABORTED.
 const MAX_ATTEMPTS: usize = 32;
@@ -146,13 +101,6 @@ impl Drop for Inner {
     }
 }
 
-fn seed_servers(url: &str) -> Vec<&str> {
-    url.split(',')
-        .map(str::trim)
-        .filter(|seed| !seed.is_empty())
-        .collect()
-}
-
 /// Wall-clock milliseconds: the NATS backend's session deadlines must mean
 /// the same on every replica, so they are wall time, not a process's
 /// monotonic clock.
@@ -193,35 +141,9 @@ impl NatsCoordinator {
         settings: &NatsSettings,
         config: RegistryConfig,
     ) -> Result<Self, NatsError> {
-        let client = async_nats::ConnectOptions::new()
-            .name("respcoord")
-            .connection_timeout(settings.request_timeout.max(Duration::from_secs(1)))
-            .request_timeout(Some(settings.request_timeout))
-            // A comma-separated list of seeds: the client fails over among
-            // them (and learns the rest of the cluster from the servers).
-            .connect(seed_servers(&settings.url))
-            .await
-            .map_err(|e| NatsError::Connect {
-                url: settings.url.clone(),
-                reason: e.to_string(),
-            })?;
-        let server_version = client.server_info().version;
-        let mut js = jetstream::new(client);
-        js.set_timeout(settings.request_timeout);
-        let bucket_error = |reason: String| NatsError::Bucket {
-            bucket: settings.bucket.clone(),
-            reason,
-        };
-        check_replication(settings.replicas, &server_version).map_err(bucket_error)?;
-        let stream = ensure_bucket(&js, settings).await.map_err(bucket_error)?;
-        check_replication(stream.cached_info().config.num_replicas, &server_version)
-            .map_err(bucket_error)?;
-        let kv = js
-            .get_key_value(settings.bucket.as_str())
-            .await
-            .map_err(|e| bucket_error(e.to_string()))?;
+        let (kv, stream) = setup::open_bucket(settings).await?;
         let subject_prefix = format!("$KV.{}.", settings.bucket);
-        let state = mirror::load(&stream, &subject_prefix)
+        let state = follow::load(&stream, &subject_prefix)
             .await
             .map_err(|reason| NatsError::Load {
                 bucket: settings.bucket.clone(),
@@ -239,7 +161,7 @@ impl NatsCoordinator {
         ));
         let mirror = Arc::new(Mirror::new(state, log, config.session_watch_buffer));
         let follower = CancellationToken::new();
-        tokio::spawn(mirror::follow(
+        tokio::spawn(follow::follow(
             stream.clone(),
             Arc::clone(&mirror),
             subject_prefix,
@@ -340,99 +262,6 @@ impl NatsCoordinator {
         })
     }
 
-    /// Watch one session: its retained entries with revision above
-    /// `after_revision` from the key's history in the bucket, then live
-    /// events from this replica's mirror, with no gap and no duplicate
-    /// (subscribed before the bucket is read; live events at or below the
-    /// last revision the backlog holds are skipped, see `Scope::after_backlog`).
-    pub async fn watch_session(
-        &self,
-        id: &SessionId,
-        after_revision: Option<u64>,
-    ) -> Result<Subscription, CoordError> {
-        self.watch_session_stepwise(id, after_revision, std::future::ready(()))
-            .await
-    }
-
-    /// [`NatsCoordinator::watch_session`], awaiting `between` after the
-    /// entry is read and before the key's history is fetched. Writes that
-    /// land there are in the backlog and arrive live as well; the tests
-    /// (`nats/watch_tests.rs`) write there to prove they come once.
-    async fn watch_session_stepwise(
-        &self,
-        id: &SessionId,
-        after_revision: Option<u64>,
-        between: impl std::future::Future<Output = ()>,
-    ) -> Result<Subscription, CoordError> {
-        // Opening a watch is a call naming the session (idle expiry counts
-        // it, as the memory backend does); keeping it open is not.
-        match self.inner.touch(id).await {
-            Ok(_) | Err(CoordError::SessionNotFound(_)) => {}
-            Err(error) => return Err(error),
-        }
-        let (live, release) = self.inner.mirror.subscribe_session(id);
-        let key = entry::key(id);
-        let read = self.inner.read(id, &key).await?;
-        let (current, terminated) = match &read {
-            Read::Live { entry, .. } => (
-                entry.persisted.revision,
-                entry.persisted.phase == Phase::Terminated,
-            ),
-            Read::Absent { .. } => (0, false),
-        };
-        between.await;
-        // Fetched after the read, so it may hold revisions above `current`
-        // that also arrive live: the subscription skips live events through
-        // the backlog's last revision, not through `current`.
-        let backlog = match after_revision {
-            Some(after) if after < current => self.inner.history_after(id, &key, after).await?,
-            _ => VecDeque::new(),
-        };
-        Ok(self.inner.mirror.session_subscription(
-            backlog,
-            live,
-            release,
-            Scope::session(after_revision, current),
-            terminated,
-        ))
-    }
-
-    /// Watch every session. "From now" means from the bucket's now, not
-    /// this replica's mirror's (which may trail it): events of writes
-    /// acknowledged before the call are skipped when they reach the mirror,
-    /// as ListSessions waits for them.
-    pub async fn watch_all(
-        &self,
-        scope: &SessionScope,
-        after_seq: Option<u64>,
-    ) -> Result<Subscription, CoordError> {
-        self.watch_all_stepwise(scope, after_seq, std::future::ready(()))
-            .await
-    }
-
-    /// [`NatsCoordinator::watch_all`], awaiting `between` after the bucket's
-    /// last sequence is read and before the watch subscribes to the mirror:
-    /// the tests (`nats/watch_tests.rs`) write there.
-    async fn watch_all_stepwise(
-        &self,
-        scope: &SessionScope,
-        after_seq: Option<u64>,
-        between: impl std::future::Future<Output = ()>,
-    ) -> Result<Subscription, CoordError> {
-        let from = match after_seq {
-            Some(after) => after,
-            None => {
-                let info = self.inner.stream.get_info().await.map_err(unavailable)?;
-                entry::last_seq_of_write(info.state.last_sequence)
-            }
-        };
-        between.await;
-        // The mirror's backlog and live stream are taken under the event
-        // log's lock, so this handover cannot repeat an event (and it uses
-        // the same rule as every other watch, `Scope::after_backlog`).
-        self.inner.mirror.watch_all(scope, Some(from))
-    }
-
     pub fn session_count(&self) -> usize {
         self.inner.mirror.session_count()
     }
@@ -456,83 +285,6 @@ impl NatsCoordinator {
     pub async fn run(&self, stop: impl std::future::Future<Output = ()>) {
         expiry::run(self.clone(), stop).await;
         self.inner.follower.cancel();
-    }
-}
-
-/// The first nats-server that serializes compare-and-set
-/// (`Nats-Expected-Last-Subject-Sequence`) across a clustered stream: before
-/// it, two writes computed from the same revision could both be accepted on
-/// a replicated bucket (nats-io/nats-server#4320, fixed in 2.9.21), which
-/// would let two replicas apply the same transition.
-const REPLICATED_CAS_SINCE: (u64, u64, u64) = (2, 9, 21);
-
-/// Refuses a replicated bucket on a server whose compare-and-set is not
-/// serializable there. A single-replica bucket is safe on any 2.9.
-fn check_replication(replicas: usize, server_version: &str) -> Result<(), String> {
-    if replicas <= 1 {
-        return Ok(());
-    }
-    let mut parts = server_version
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|p| !p.is_empty())
-        .map(|p| p.parse::<u64>().unwrap_or(0));
-    let version = (
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-        parts.next().unwrap_or(0),
-    );
-    if version >= REPLICATED_CAS_SINCE {
-        return Ok(());
-    }
-    let (major, minor, patch) = REPLICATED_CAS_SINCE;
-    Err(format!(
-        "a replicated bucket (R{replicas}) needs nats-server {major}.{minor}.{patch} or newer: \
-         {server_version} does not serialize compare-and-set on a clustered stream \
-         (nats-io/nats-server#4320), so two writes of one session could both land; \
-         upgrade NATS or use --nats-replicas 1"
-    ))
-}
-
-/// Creates the bucket's stream if it does not exist, with direct gets off so
-/// every read goes to the stream leader (a follower may lag, and a stale read
-/// would show a caller a state older than its own acknowledged write).
-async fn ensure_bucket(
-    js: &jetstream::Context,
-    settings: &NatsSettings,
-) -> Result<jetstream::stream::Stream, String> {
-    let name = format!("KV_{}", settings.bucket);
-    if let Ok(stream) = js.get_stream(&name).await {
-        if stream.cached_info().config.allow_direct {
-            tracing::warn!(bucket = %settings.bucket, "bucket allows direct gets: GetState may be served by a lagging replica");
-        }
-        return Ok(stream);
-    }
-    let config = jetstream::stream::Config {
-        name,
-        description: Some("respcoord sessions (one entry per session)".into()),
-        subjects: vec![format!("$KV.{}.>", settings.bucket)],
-        max_messages_per_subject: i64::from(settings.history.clamp(1, 64)),
-        storage: if settings.memory_storage {
-            StorageType::Memory
-        } else {
-            StorageType::File
-        },
-        num_replicas: settings.replicas.max(1),
-        discard: DiscardPolicy::New,
-        allow_rollup: true,
-        deny_delete: true,
-        deny_purge: false,
-        allow_direct: false,
-        max_age: settings.max_age,
-        ..Default::default()
-    };
-    match js.create_stream(config).await {
-        Ok(stream) => Ok(stream),
-        // Another replica created it first.
-        Err(error) => js
-            .get_stream(format!("KV_{}", settings.bucket))
-            .await
-            .map_err(|_| error.to_string()),
     }
 }
 
@@ -740,185 +492,10 @@ impl Inner {
         Err(CoordError::Contended(id.clone()))
     }
 
-    /// The session's events with revision above `after` from the key's
-    /// history in the bucket, or OUT_OF_RANGE when they are no longer there.
-    async fn history_after(
-        &self,
-        id: &SessionId,
-        key: &str,
-        after: u64,
-    ) -> Result<VecDeque<crate::events::SharedEvent>, CoordError> {
-        let mut history = self.kv.history(key).await.map_err(unavailable)?;
-        let mut events: Vec<crate::events::SharedEvent> = Vec::new();
-        let mut oldest_seen: Option<u64> = None;
-        while let Some(stored) = history.next().await {
-            let stored = stored.map_err(unavailable)?;
-            if stored.operation != Operation::Put {
-                // The session was forgotten here: what follows is a new one.
-                events.clear();
-                oldest_seen = None;
-                continue;
-            }
-            let Ok(entry) = entry::decode(&stored.value) else {
-                continue;
-            };
-            // Every event after this entry's first revision (for a touch,
-            // which carries none: after its revision) is in this entry or a
-            // later one; the events before it are gone. A history left with
-            // only touches therefore proves the events the watch asked for
-            // gone too (OUT_OF_RANGE), rather than passing for an empty,
-            // gap-free backlog.
-            oldest_seen.get_or_insert(entry.first_revision());
-            if entry.events.is_empty() {
-                continue;
-            }
-            events.extend(
-                entry
-                    .lifecycle_events(id, stored.revision)
-                    .into_iter()
-                    .filter(|event| event.revision > after),
-            );
-            if stored.delta == 0 {
-                break;
-            }
-        }
-        match oldest_seen {
-            Some(oldest) if oldest > after + 1 => Err(CoordError::HistoryUnavailable {
-                field: "after_revision",
-                requested: after,
-                oldest_available: oldest - 1,
-            }),
-            _ => Ok(events.into()),
-        }
-    }
-
     fn count(&self, call: &Call, decision: &Decision) {
         self.stats
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .record(call, decision);
-    }
-}
-
-type LockShard = HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>;
-
-/// Per-session async locks, so calls on one session within this replica run
-/// one at a time (they would only fight over compare-and-set otherwise).
-/// An entry exists only while some call holds or waits for it.
-struct KeyedLocks {
-    shards: Box<[Mutex<LockShard>]>,
-}
-
-struct KeyedGuard<'a> {
-    locks: &'a KeyedLocks,
-    id: SessionId,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-impl Drop for KeyedGuard<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut shard = self.locks.shard(&self.id);
-        if shard
-            .get(&self.id)
-            .is_some_and(|lock| Arc::strong_count(lock) == 1)
-        {
-            shard.remove(&self.id);
-        }
-    }
-}
-
-impl KeyedLocks {
-    fn new(shards: usize) -> Self {
-        Self {
-            shards: (0..shards.max(1)).map(|_| Mutex::default()).collect(),
-        }
-    }
-
-    fn shard(&self, id: &SessionId) -> crate::sync::MutexGuard<'_, LockShard> {
-        self.shards[shard_of(id, self.shards.len())]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    async fn lock(&self, id: &SessionId) -> KeyedGuard<'_> {
-        let lock = Arc::clone(self.shard(id).entry(id.clone()).or_default());
-        let guard = lock.lock_owned().await;
-        KeyedGuard {
-            locks: self,
-            id: id.clone(),
-            guard: Some(guard),
-        }
-    }
-}
-
-/// The entries this replica wrote last, by session: a call that finds its
-/// session here writes against the cached revision without reading first
-/// (one round trip instead of two); if another replica wrote meanwhile the
-/// compare-and-set fails and the call reads fresh. Bounded: beyond capacity
-/// an arbitrary entry is dropped, which costs only a read later.
-/// Session -> (revision, entry) this replica wrote.
-type CacheShard = HashMap<SessionId, (u64, entry::Entry)>;
-
-struct EntryCache {
-    shards: Box<[Mutex<CacheShard>]>,
-    per_shard: usize,
-}
-
-impl EntryCache {
-    fn new(shards: usize, capacity: usize) -> Self {
-        let shards = shards.max(1);
-        Self {
-            shards: (0..shards).map(|_| Mutex::default()).collect(),
-            per_shard: (capacity / shards).max(1),
-        }
-    }
-
-    fn shard(&self, id: &SessionId) -> crate::sync::MutexGuard<'_, CacheShard> {
-        self.shards[shard_of(id, self.shards.len())]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn take(&self, id: &SessionId) -> Option<(u64, entry::Entry)> {
-        self.shard(id).remove(id)
-    }
-
-    fn put(&self, id: &SessionId, revision: u64, entry: entry::Entry) {
-        let mut shard = self.shard(id);
-        if shard.len() >= self.per_shard {
-            if let Some(evicted) = shard.keys().next().cloned() {
-                shard.remove(&evicted);
-            }
-        }
-        shard.insert(id.clone(), (revision, entry));
-    }
-}
-
-/// The shard of the per-session locks and the entry cache. Fixed-seeded:
-/// both tables must agree for the process's life, and they are bounded by
-/// calls in flight and the cache capacity, not by client choice of ids.
-fn shard_of(id: &SessionId, shards: usize) -> usize {
-    use std::hash::BuildHasher;
-    let hash = foldhash::fast::FixedState::default().hash_one(id.as_str());
-    (hash % shards as u64) as usize
-}
-
-#[cfg(test)]
-mod tests {
-    use super::check_replication;
-
-    #[test]
-    fn replicated_buckets_need_a_server_with_serializable_compare_and_set() {
-        assert!(check_replication(1, "2.9.10").is_ok());
-        assert!(check_replication(3, "2.9.21").is_ok());
-        assert!(check_replication(3, "2.10.26").is_ok());
-        assert!(check_replication(5, "2.11.0-beta.1").is_ok());
-        let refused = check_replication(3, "2.9.10").unwrap_err();
-        assert!(
-            refused.contains("4320") && refused.contains("2.9.21"),
-            "{refused}"
-        );
-        assert!(check_replication(3, "garbage").is_err());
     }
 }

@@ -20,7 +20,7 @@
 
 use std::{
     cmp::Reverse,
-    collections::{hash_map::Entry, BinaryHeap, VecDeque},
+    collections::{hash_map::Entry, BinaryHeap},
     hash::BuildHasher,
     sync::{Arc, PoisonError},
     time::Duration,
@@ -33,10 +33,10 @@ use crate::sync::{
     Mutex, MutexGuard,
 };
 use crate::{
-    decision::{self, Decision, ExpiryDecision, Presence, Room, Stamp},
+    decision::{self, Decision, Presence, Room, Stamp},
     error::CoordError,
-    events::{Append, EventLog, LogLimits, OnDrop, Scope, SharedEvent, Subscription},
-    ids::{ResponseId, SessionId, SessionScope},
+    events::{Append, EventLog, LogLimits, SharedEvent},
+    ids::{ResponseId, SessionId},
     machine::{Phase, TeardownReason},
     session::{Call, Millis, Session, SessionSnapshot, Ttls},
     stats::CoordStats,
@@ -45,15 +45,6 @@ pub use crate::{
     decision::{Changed, Started},
     shared::{Clock, PageCursor, RegistryConfig},
 };
-
-/// One page of ListSessions.
-#[derive(Clone, Debug)]
-pub struct Page {
-    pub sessions: Vec<SessionSnapshot>,
-    pub next: Option<PageCursor>,
-    /// Every event with seq at or below this is reflected in `sessions`.
-    pub seq: u64,
-}
 
 /// Session ids are short strings hashed on every call, twice (shard, then
 /// the shard's table): foldhash is several times cheaper than SipHash for
@@ -91,10 +82,6 @@ struct Inner {
 pub struct Registry {
     inner: Arc<Inner>,
 }
-
-/// Expired and forgotten sessions handled per shard lock, so a mass expiry
-/// never holds one shard for long.
-const EXPIRY_BATCH: usize = 1024;
 
 impl Registry {
     pub fn new(config: RegistryConfig) -> Self {
@@ -199,176 +186,6 @@ impl Registry {
         Ok(session.snapshot(id))
     }
 
-    /// One page of sessions, `page_size` at most (callers clamp it).
-    ///
-    /// Each page costs one pass over the shards it reads (hash maps have no
-    /// order to seek in), keeping only the `page_size` smallest keys past the
-    /// cursor; listings are rare operator calls, lookups are the hot path.
-    pub fn list(&self, page_size: usize, cursor: Option<PageCursor>) -> Result<Page, CoordError> {
-        self.list_scoped(&SessionScope::All, page_size, cursor)
-    }
-
-    /// As [`Registry::list`], over the sessions in `scope` only (a tenant's
-    /// listing); other sessions are skipped, never counted toward a page.
-    pub fn list_scoped(
-        &self,
-        scope: &SessionScope,
-        page_size: usize,
-        cursor: Option<PageCursor>,
-    ) -> Result<Page, CoordError> {
-        let shard_count = self.inner.shards.len();
-        let instance = self.inner.base_seq;
-        let (mut shard, mut after) = match cursor {
-            None => (0, None),
-            Some(cursor) if cursor.instance != instance || cursor.shard_count != shard_count => {
-                return Err(CoordError::invalid(
-                    "page_token",
-                    "was issued by another coordinator instance; list again from the start",
-                ))
-            }
-            Some(cursor) => (cursor.shard, cursor.after),
-        };
-        // Read before any shard is locked: every event up to here was
-        // applied inside a shard critical section that has finished by the
-        // time we get that shard's lock.
-        let seq = self.inner.log.published_seq();
-        let page_size = page_size.max(1);
-        let mut sessions = Vec::with_capacity(page_size.min(1024));
-        let next = loop {
-            if shard >= shard_count {
-                break None;
-            }
-            let wanted = page_size - sessions.len();
-            let guard = self.inner.lock_shard(shard);
-            // The `wanted + 1` smallest keys past the cursor: one more than
-            // needed tells whether this shard has more.
-            let mut smallest: BinaryHeap<(u64, &str)> = BinaryHeap::with_capacity(wanted + 1);
-            for id in guard.sessions.keys() {
-                if !scope.contains(id) {
-                    continue;
-                }
-                let key = (self.inner.hasher.hash_one(id.as_str()), id.as_str());
-                if after
-                    .as_ref()
-                    .is_some_and(|(hash, last)| key <= (*hash, last.as_str()))
-                {
-                    continue;
-                }
-                if smallest.len() <= wanted {
-                    smallest.push(key);
-                } else if smallest.peek().is_some_and(|largest| key < *largest) {
-                    smallest.pop();
-                    smallest.push(key);
-                }
-            }
-            let more_here = smallest.len() > wanted;
-            let mut keys = smallest.into_sorted_vec();
-            keys.truncate(wanted);
-            let mut last = None;
-            for (hash, id) in keys {
-                if let Some((id, session)) = guard.sessions.get_key_value(id) {
-                    sessions.push(session.snapshot(id));
-                    last = Some((hash, id.clone()));
-                }
-            }
-            drop(guard);
-            if more_here {
-                break last.map(|after| PageCursor {
-                    instance,
-                    shard_count,
-                    shard,
-                    after: Some(after),
-                });
-            }
-            shard += 1;
-            after = None;
-            if sessions.len() == page_size {
-                break (shard < shard_count).then_some(PageCursor {
-                    instance,
-                    shard_count,
-                    shard,
-                    after: None,
-                });
-            }
-        };
-        Ok(Page {
-            sessions,
-            next,
-            seq,
-        })
-    }
-
-    /// Watch one session. It need not exist yet. With `after_revision`, the
-    /// retained events above it come first (OUT_OF_RANGE if some are gone).
-    pub fn watch_session(
-        &self,
-        id: &SessionId,
-        after_revision: Option<u64>,
-    ) -> Result<Subscription, CoordError> {
-        let now = self.inner.clock.now();
-        let index = self.inner.shard_index(id);
-        let mut shard = self.inner.lock_shard(index);
-        let (backlog, current, terminated) = match shard.sessions.get_mut(id.as_str()) {
-            Some(session) => {
-                // Opening a watch is a call naming the session; keeping it
-                // open is not (the contract: an open Watch does not count).
-                session.touch(now);
-                let backlog = match after_revision {
-                    Some(after) => session.history_after(id, after).map_err(|oldest| {
-                        CoordError::HistoryUnavailable {
-                            field: "after_revision",
-                            requested: after,
-                            oldest_available: oldest,
-                        }
-                    })?,
-                    None => VecDeque::new(),
-                };
-                (
-                    backlog,
-                    session.revision(),
-                    session.phase() == Phase::Terminated,
-                )
-            }
-            None => (VecDeque::new(), 0, false),
-        };
-        let capacity = self.inner.config.session_watch_buffer.max(1);
-        let live = shard
-            .watchers
-            .entry(id.clone())
-            .or_insert_with(|| broadcast::channel(capacity).0)
-            .subscribe();
-        drop(shard);
-        let inner = Arc::clone(&self.inner);
-        let released = id.clone();
-        let release = OnDrop::new(move || inner.release_watcher(index, &released));
-        let subscription = Subscription::new(
-            Scope::session(after_revision, current),
-            backlog,
-            live,
-            Arc::clone(&self.inner.log),
-            Some(release),
-        );
-        Ok(if terminated {
-            subscription.finish_after_backlog()
-        } else {
-            subscription
-        })
-    }
-
-    /// Watch every session in seq order, from `after_seq` or from now.
-    pub fn watch_all(&self, after_seq: Option<u64>) -> Result<Subscription, CoordError> {
-        self.inner.log.subscribe_all(after_seq)
-    }
-
-    /// As [`Registry::watch_all`], seeing only the sessions in `scope`.
-    pub fn watch_all_scoped(
-        &self,
-        scope: &SessionScope,
-        after_seq: Option<u64>,
-    ) -> Result<Subscription, CoordError> {
-        self.inner.log.subscribe_all_within(scope, after_seq)
-    }
-
     /// The counters of every shard, summed (one short lock per shard).
     pub fn stats(&self) -> CoordStats {
         let mut total = CoordStats::default();
@@ -377,59 +194,6 @@ impl Registry {
         }
         total
     }
-
-    /// Expires and forgets what is due now; returns when something is next due.
-    pub fn expire_due(&self) -> Option<Millis> {
-        let now = self.inner.clock.now();
-        let mut next_due: Option<Millis> = None;
-        for index in 0..self.inner.shards.len() {
-            loop {
-                let mut shard = self.inner.lock_shard(index);
-                match self.inner.expire_batch(&mut shard, now) {
-                    BatchEnd::Drained(due) => {
-                        next_due = match (next_due, due) {
-                            (Some(a), Some(b)) => Some(a.min(b)),
-                            (a, b) => a.or(b),
-                        };
-                        break;
-                    }
-                    BatchEnd::MoreDue => continue,
-                }
-            }
-        }
-        next_due
-    }
-
-    /// Runs the expirer until `stop` resolves: sleeps until the next entry is
-    /// due (or an earlier one is filed), never polling every session.
-    pub async fn run_expiry(&self, stop: impl std::future::Future<Output = ()>) {
-        tokio::pin!(stop);
-        loop {
-            // While scanning, any new filing must wake us again: it may be due
-            // before whatever this scan finds next.
-            self.inner.expiry_target.store(u64::MAX, Ordering::Release);
-            let next = self.expire_due();
-            self.inner
-                .expiry_target
-                .store(next.unwrap_or(u64::MAX), Ordering::Release);
-            let sleep = match next {
-                Some(at) => tokio::time::sleep_until(self.inner.clock.instant_at(at)),
-                None => tokio::time::sleep(Duration::from_secs(3600)),
-            };
-            tokio::select! {
-                () = &mut stop => return,
-                () = sleep => {}
-                () = self.inner.expiry_wake.notified() => {}
-            }
-        }
-    }
-}
-
-enum BatchEnd {
-    /// Nothing more due in this shard; its next due time, if any.
-    Drained(Option<Millis>),
-    /// The batch limit was hit with more due: release the lock and go again.
-    MoreDue,
 }
 
 impl Inner {
@@ -565,66 +329,13 @@ impl Inner {
             Err(_) => Room::Full { max },
         }
     }
-
-    fn expire_batch(&self, shard: &mut Shard, now: Millis) -> BatchEnd {
-        let Shard {
-            sessions,
-            expiry,
-            watchers,
-            stats,
-        } = shard;
-        let history = self.config.session_history;
-        for _ in 0..EXPIRY_BATCH {
-            let Some(Reverse((due, _))) = expiry.peek() else {
-                return BatchEnd::Drained(None);
-            };
-            if *due > now {
-                return BatchEnd::Drained(Some(*due));
-            }
-            let Some(Reverse((due, id))) = expiry.pop() else {
-                return BatchEnd::Drained(None);
-            };
-            let Some(session) = sessions.get_mut(id.as_str()) else {
-                continue;
-            };
-            if session.expiry_entry() != due {
-                continue; // superseded by a newer entry for the same session
-            }
-            let mut append = None;
-            let stamp = || self.stamp(&mut append);
-            match decision::decide_expiry(session, &id, now, self.ttls, stamp, history) {
-                ExpiryDecision::NotDue { at } => self.file_expiry(expiry, session, &id, at),
-                ExpiryDecision::Expired {
-                    decision,
-                    next_check,
-                } => {
-                    let watchers = watchers.get(id.as_str());
-                    Self::carry_out(watchers, stats, append, &id, &decision::EXPIRY, &decision);
-                    self.file_expiry(expiry, session, &id, next_check);
-                }
-                ExpiryDecision::Forget => {
-                    sessions.remove(id.as_str());
-                    tracing::debug!(session_id = %id, "forgot terminated session");
-                    stats.forgotten();
-                    self.session_count.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-        }
-        BatchEnd::MoreDue
-    }
-
-    /// Drops a session's watcher channel once its last watcher is gone.
-    fn release_watcher(&self, index: usize, id: &SessionId) {
-        let mut shard = self.lock_shard(index);
-        if shard
-            .watchers
-            .get(id.as_str())
-            .is_some_and(|tx| tx.receiver_count() == 0)
-        {
-            shard.watchers.remove(id.as_str());
-        }
-    }
 }
+
+mod expiry;
+mod listing;
+mod watch;
+
+pub use listing::Page;
 
 #[cfg(test)]
 mod tests;

@@ -99,3 +99,24 @@ pub fn code_name(code: Code) -> &'static str {
         Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::SessionId;
+
+    #[test]
+    fn an_unreadable_record_is_data_loss_not_a_retryable_unavailable() {
+        let error = CoordError::Unreadable {
+            session: SessionId::parse("damaged").unwrap(),
+            reason: "not a stored session".into(),
+        };
+        assert_eq!(code(&error), Code::DataLoss);
+        let status = Status::from(error);
+        assert!(status.message().contains("\"damaged\""), "{status:?}");
+        assert_eq!(
+            code(&CoordError::Unavailable("nats down".into())),
+            Code::Unavailable
+        );
+    }
+}

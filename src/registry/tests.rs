@@ -4,9 +4,9 @@
 
 use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 
-use super::*;
+use super::{expiry::EXPIRY_BATCH, *};
 use crate::{
-    events::Delivery,
+    events::{Delivery, Subscription},
     machine::{CancelReason, Ending, EventKind, FinishStatus, Source},
 };
 

@@ -1,0 +1,165 @@
+//! Watches on the NATS backend: a session's from the key's history in the
+//! bucket handed over to this replica's mirror, and every session's from
+//! the mirror (the handover rule is the shared one, `Scope::after_backlog`).
+
+use std::collections::VecDeque;
+
+use async_nats::jetstream::kv::Operation;
+use tokio_stream::StreamExt as _;
+
+use super::{entry, unavailable, Inner, NatsCoordinator, Read};
+use crate::{
+    error::CoordError,
+    events::{Scope, SharedEvent, Subscription},
+    ids::{SessionId, SessionScope},
+    machine::Phase,
+};
+
+impl NatsCoordinator {
+    /// Watch one session: its retained entries with revision above
+    /// `after_revision` from the key's history in the bucket, then live
+    /// events from this replica's mirror, with no gap and no duplicate
+    /// (subscribed before the bucket is read; live events at or below the
+    /// last revision the backlog holds are skipped, see `Scope::after_backlog`).
+    pub async fn watch_session(
+        &self,
+        id: &SessionId,
+        after_revision: Option<u64>,
+    ) -> Result<Subscription, CoordError> {
+        self.watch_session_stepwise(id, after_revision, std::future::ready(()))
+            .await
+    }
+
+    /// [`NatsCoordinator::watch_session`], awaiting `between` after the
+    /// entry is read and before the key's history is fetched. Writes that
+    /// land there are in the backlog and arrive live as well; the tests
+    /// (`nats/watch_tests.rs`) write there to prove they come once.
+    pub(super) async fn watch_session_stepwise(
+        &self,
+        id: &SessionId,
+        after_revision: Option<u64>,
+        between: impl std::future::Future<Output = ()>,
+    ) -> Result<Subscription, CoordError> {
+        // Opening a watch is a call naming the session (idle expiry counts
+        // it, as the memory backend does); keeping it open is not.
+        match self.inner.touch(id).await {
+            Ok(_) | Err(CoordError::SessionNotFound(_)) => {}
+            Err(error) => return Err(error),
+        }
+        let (live, release) = self.inner.mirror.subscribe_session(id);
+        let key = entry::key(id);
+        let read = self.inner.read(id, &key).await?;
+        let (current, terminated) = match &read {
+            Read::Live { entry, .. } => (
+                entry.persisted.revision,
+                entry.persisted.phase == Phase::Terminated,
+            ),
+            Read::Absent { .. } => (0, false),
+        };
+        between.await;
+        // Fetched after the read, so it may hold revisions above `current`
+        // that also arrive live: the subscription skips live events through
+        // the backlog's last revision, not through `current`.
+        let backlog = match after_revision {
+            Some(after) if after < current => self.inner.history_after(id, &key, after).await?,
+            _ => VecDeque::new(),
+        };
+        Ok(self.inner.mirror.session_subscription(
+            backlog,
+            live,
+            release,
+            Scope::session(after_revision, current),
+            terminated,
+        ))
+    }
+
+    /// Watch every session. "From now" means from the bucket's now, not
+    /// this replica's mirror's (which may trail it): events of writes
+    /// acknowledged before the call are skipped when they reach the mirror,
+    /// as ListSessions waits for them.
+    pub async fn watch_all(
+        &self,
+        scope: &SessionScope,
+        after_seq: Option<u64>,
+    ) -> Result<Subscription, CoordError> {
+        self.watch_all_stepwise(scope, after_seq, std::future::ready(()))
+            .await
+    }
+
+    /// [`NatsCoordinator::watch_all`], awaiting `between` after the bucket's
+    /// last sequence is read and before the watch subscribes to the mirror:
+    /// the tests (`nats/watch_tests.rs`) write there.
+    pub(super) async fn watch_all_stepwise(
+        &self,
+        scope: &SessionScope,
+        after_seq: Option<u64>,
+        between: impl std::future::Future<Output = ()>,
+    ) -> Result<Subscription, CoordError> {
+        let from = match after_seq {
+            Some(after) => after,
+            None => {
+                let info = self.inner.stream.get_info().await.map_err(unavailable)?;
+                entry::last_seq_of_write(info.state.last_sequence)
+            }
+        };
+        between.await;
+        // The mirror's backlog and live stream are taken under the event
+        // log's lock, so this handover cannot repeat an event (and it uses
+        // the same rule as every other watch, `Scope::after_backlog`).
+        self.inner.mirror.watch_all(scope, Some(from))
+    }
+}
+
+impl Inner {
+    /// The session's events with revision above `after` from the key's
+    /// history in the bucket, or OUT_OF_RANGE when they are no longer there.
+    async fn history_after(
+        &self,
+        id: &SessionId,
+        key: &str,
+        after: u64,
+    ) -> Result<VecDeque<SharedEvent>, CoordError> {
+        let mut history = self.kv.history(key).await.map_err(unavailable)?;
+        let mut events: Vec<SharedEvent> = Vec::new();
+        let mut oldest_seen: Option<u64> = None;
+        while let Some(stored) = history.next().await {
+            let stored = stored.map_err(unavailable)?;
+            if stored.operation != Operation::Put {
+                // The session was forgotten here: what follows is a new one.
+                events.clear();
+                oldest_seen = None;
+                continue;
+            }
+            let Ok(entry) = entry::decode(&stored.value) else {
+                continue;
+            };
+            // Every event after this entry's first revision (for a touch,
+            // which carries none: after its revision) is in this entry or a
+            // later one; the events before it are gone. A history left with
+            // only touches therefore proves the events the watch asked for
+            // gone too (OUT_OF_RANGE), rather than passing for an empty,
+            // gap-free backlog.
+            oldest_seen.get_or_insert(entry.first_revision());
+            if entry.events.is_empty() {
+                continue;
+            }
+            events.extend(
+                entry
+                    .lifecycle_events(id, stored.revision)
+                    .into_iter()
+                    .filter(|event| event.revision > after),
+            );
+            if stored.delta == 0 {
+                break;
+            }
+        }
+        match oldest_seen {
+            Some(oldest) if oldest > after + 1 => Err(CoordError::HistoryUnavailable {
+                field: "after_revision",
+                requested: after,
+                oldest_available: oldest - 1,
+            }),
+            _ => Ok(events.into()),
+        }
+    }
+}

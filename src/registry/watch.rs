@@ -1,0 +1,101 @@
+//! Watches on the registry: a session's retained events handed over to its
+//! broadcast channel under the shard lock, and the event log's watch-all.
+
+use std::{collections::VecDeque, sync::Arc};
+
+use tokio::sync::broadcast;
+
+use super::{Inner, Registry};
+use crate::{
+    error::CoordError,
+    events::{OnDrop, Scope, Subscription},
+    ids::{SessionId, SessionScope},
+    machine::Phase,
+};
+
+impl Registry {
+    /// Watch one session. It need not exist yet. With `after_revision`, the
+    /// retained events above it come first (OUT_OF_RANGE if some are gone).
+    pub fn watch_session(
+        &self,
+        id: &SessionId,
+        after_revision: Option<u64>,
+    ) -> Result<Subscription, CoordError> {
+        let now = self.inner.clock.now();
+        let index = self.inner.shard_index(id);
+        let mut shard = self.inner.lock_shard(index);
+        let (backlog, current, terminated) = match shard.sessions.get_mut(id.as_str()) {
+            Some(session) => {
+                // Opening a watch is a call naming the session; keeping it
+                // open is not (the contract: an open Watch does not count).
+                session.touch(now);
+                let backlog = match after_revision {
+                    Some(after) => session.history_after(id, after).map_err(|oldest| {
+                        CoordError::HistoryUnavailable {
+                            field: "after_revision",
+                            requested: after,
+                            oldest_available: oldest,
+                        }
+                    })?,
+                    None => VecDeque::new(),
+                };
+                (
+                    backlog,
+                    session.revision(),
+                    session.phase() == Phase::Terminated,
+                )
+            }
+            None => (VecDeque::new(), 0, false),
+        };
+        let capacity = self.inner.config.session_watch_buffer.max(1);
+        let live = shard
+            .watchers
+            .entry(id.clone())
+            .or_insert_with(|| broadcast::channel(capacity).0)
+            .subscribe();
+        drop(shard);
+        let inner = Arc::clone(&self.inner);
+        let released = id.clone();
+        let release = OnDrop::new(move || inner.release_watcher(index, &released));
+        let subscription = Subscription::new(
+            Scope::session(after_revision, current),
+            backlog,
+            live,
+            Arc::clone(&self.inner.log),
+            Some(release),
+        );
+        Ok(if terminated {
+            subscription.finish_after_backlog()
+        } else {
+            subscription
+        })
+    }
+
+    /// Watch every session in seq order, from `after_seq` or from now.
+    pub fn watch_all(&self, after_seq: Option<u64>) -> Result<Subscription, CoordError> {
+        self.inner.log.subscribe_all(after_seq)
+    }
+
+    /// As [`Registry::watch_all`], seeing only the sessions in `scope`.
+    pub fn watch_all_scoped(
+        &self,
+        scope: &SessionScope,
+        after_seq: Option<u64>,
+    ) -> Result<Subscription, CoordError> {
+        self.inner.log.subscribe_all_within(scope, after_seq)
+    }
+}
+
+impl Inner {
+    /// Drops a session's watcher channel once its last watcher is gone.
+    fn release_watcher(&self, index: usize, id: &SessionId) {
+        let mut shard = self.lock_shard(index);
+        if shard
+            .watchers
+            .get(id.as_str())
+            .is_some_and(|tx| tx.receiver_count() == 0)
+        {
+            shard.watchers.remove(id.as_str());
+        }
+    }
+}
