@@ -1,7 +1,9 @@
 //! The event log and fan-out: sequencing, retention and delivery to watchers.
 //!
-//! Every transition's events pass through [`EventLog::append`], which gives
-//! them their coordinator-wide `seq` under one short lock, keeps a bounded
+//! On the memory backend every transition's events pass through an
+//! [`Append`] ([`EventLog::begin_append`]), which gives them their
+//! coordinator-wide `seq` under one short lock (the NATS backend's come with
+//! their seqs, [`EventLog::publish`]), keeps a bounded
 //! window of them for `after_seq` resume, and hands them to watchers through
 //! bounded `tokio::sync::broadcast` channels. Sending on a broadcast channel
 //! never waits, so a slow watcher can only fall behind, never slow a call: when

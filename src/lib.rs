@@ -10,19 +10,36 @@
 //!   `(Phase, Input) -> (Phase, events, outcome)`.
 //! - [`session`] — one session's record around the machine: revisions, retained
 //!   events, request-id replay, idle/tombstone deadlines (time is an argument).
+//! - [`decision`] — the whole of a call, decided once for both backends:
+//!   `decide` (not found, session limit, replay, touch, transition) and
+//!   `decide_expiry`, from the record, the call, the time and a stamp; the
+//!   replies (`Started`, `Changed`) are read off the decision.
+//! - [`event`] — the lifecycle event and the one place events are built
+//!   (`Change::events`, from a decision or a stored entry).
 //! - [`ids`] — session, request and response ids, valid by construction;
 //!   a caller's session scope (all sessions, or an id prefix).
 //!
 //! Shell:
 //! - [`backend`] — the seam the gRPC layer calls: the memory registry or the
-//!   NATS-backed cluster, both running the same pure record and machine.
-//! - [`registry`] — the sharded map of session actors; the expiry index
-//!   (the embedded in-memory backend).
+//!   NATS-backed cluster; the only module that names both.
+//! - [`shared`] — what both backends share so neither imports the other: the
+//!   tunables, the clock, the listing's page and tokens.
+//! - [`registry`] — the sharded map of session actors, applying decisions
+//!   under the shard lock (the embedded in-memory backend);
+//!   `registry/expiry.rs` the expiry index and task, `registry/listing.rs`
+//!   ListSessions, `registry/watch.rs` its watches.
 //! - [`nats`] — the NATS JetStream backend: a key-value bucket is the
-//!   authority, replicas write with compare-and-set, follow the bucket for
-//!   watches, and share one expirer by lease.
-//! - [`events`] — the event log: seq numbering, retention, fan-out to watchers.
-//! - [`stats`] — counters of what the registry did (per shard, summed on read).
+//!   authority, replicas apply decisions with compare-and-set, follow the
+//!   bucket for watches, and share one expirer by lease; `nats/setup.rs`
+//!   the connection and bucket, `nats/entry.rs` the stored form,
+//!   `nats/locks.rs` and `nats/cache.rs` the per-session locks and written
+//!   entries, `nats/mirror.rs` each replica's view and fan-out,
+//!   `nats/follow.rs` the stream reader that feeds it, `nats/watch.rs` the
+//!   watches, `nats/expiry.rs` the lease-holding expirer.
+//! - [`events`] — the event log: seq numbering, retention, fan-out to
+//!   watchers, and the one backlog-to-live handover rule.
+//! - [`stats`] — counters of what a backend did (per shard, summed on read),
+//!   counted from decisions in one place.
 //! - [`grpc`] — proto <-> domain mapping and validation, the error-to-status
 //!   mapping, the service, watch delivery, the per-RPC observation layer
 //!   (span, W3C trace context, call metrics, debug log).
