@@ -18,7 +18,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{check_invariants, TestServer, PATIENCE};
+use common::{
+    check_invariants, free_port, spawn_respcoord_on, unique_suffix, RespcoordProcess, TestServer,
+    PATIENCE,
+};
 use respcoord::{
     auth::{Authenticator, Tokens},
     client::{
@@ -39,7 +42,6 @@ use tonic::{
 };
 
 const CTL: &str = env!("CARGO_BIN_EXE_respcoordctl");
-const SERVER_BIN: &str = env!("CARGO_BIN_EXE_respcoord");
 
 async fn connect(endpoint: &str) -> Client {
     Client::connect(ConnectOptions::new(endpoint))
@@ -511,43 +513,9 @@ async fn the_watch_resumes_after_a_broken_connection_and_catches_up() {
     server.stop().await;
 }
 
-struct Process {
-    child: std::process::Child,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
 /// The real binary on `port`, once it answers.
-async fn spawn_server(port: u16) -> Process {
-    let child = Command::new(SERVER_BIN)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn respcoord");
-    let process = Process { child };
-    let deadline = Instant::now() + PATIENCE;
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "respcoord did not listen");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    process
+fn spawn_server(port: u16) -> RespcoordProcess {
+    spawn_respcoord_on(port, &[], &[], Stdio::null())
 }
 
 /// "Survived" for the in-memory backend, which loses its sessions when it
@@ -559,7 +527,7 @@ async fn spawn_server(port: u16) -> Process {
 async fn a_coordinator_restart_mid_run_is_survived() {
     let port = free_port();
     let endpoint = format!("http://127.0.0.1:{port}");
-    let server = spawn_server(port).await;
+    let server = spawn_server(port);
     let a = connect(&endpoint).await;
     let session = a.session("restart-1").unwrap();
     let (started_tx, started_rx) = oneshot::channel();
@@ -577,7 +545,7 @@ async fn a_coordinator_restart_mid_run_is_survived() {
     let fence = within("A starts", started_rx).await.unwrap();
 
     drop(server); // SIGKILL: connections reset, every session lost
-    let server = spawn_server(port).await;
+    let server = spawn_server(port);
     let outcome = within("A is told its response is gone", run)
         .await
         .unwrap()
@@ -653,11 +621,7 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "respcoord-client-{tag}-{}-{:x}",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
+        let dir = std::env::temp_dir().join(format!("respcoord-client-{tag}-{}", unique_suffix()));
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
     }
@@ -1064,10 +1028,8 @@ async fn respcoordctl_sends_the_token_from_a_file_or_the_environment() {
     let refused = ctl(&e, &["get", "x"], &[]).await;
     assert_eq!(refused.code, 7, "{}", refused.stderr);
 
-    let dir = std::env::temp_dir().join(format!("respcoordctl-token-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("token");
-    std::fs::write(&file, "t0ken-for-the-ctl-tests\n").unwrap();
+    let dir = TempDir::new("ctl-token");
+    let file = dir.file("token", "t0ken-for-the-ctl-tests\n");
     let file = file.to_str().unwrap();
     let by_file = ctl(&e, &["start", "tok", "--token-file", file], &[]).await;
     assert_eq!(by_file.code, 0, "{}", by_file.stderr);
@@ -1086,6 +1048,5 @@ async fn respcoordctl_sends_the_token_from_a_file_or_the_environment() {
     .await;
     assert_eq!(missing.code, 2, "{}", missing.stderr);
     assert!(missing.stderr.contains("--token-file"));
-    let _ = std::fs::remove_dir_all(&dir);
     coordinator.stop().await;
 }

@@ -4,48 +4,18 @@
 //! the dashboard's PromQL must appear in its `/metrics`. (deploy/check.sh
 //! checks the same names against the documented list.)
 
+mod common;
+
 use std::{
     collections::BTreeSet,
-    io::{Read, Write},
-    net::{TcpListener, TcpStream},
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
+use common::{spawn_respcoord, try_http_get, PATIENCE};
 use respcoord::proto::v1 as pb;
 use tokio_stream::StreamExt;
 
-const BIN: &str = env!("CARGO_BIN_EXE_respcoord");
 const DASHBOARD: &str = include_str!("../deploy/grafana/respcoord.json");
-const PATIENCE: Duration = Duration::from_secs(20);
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// `GET path` over HTTP/1.0 on the metrics port: (status line, body).
-fn http_get(port: u16, path: &str) -> std::io::Result<(String, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head.lines().next().unwrap_or_default().to_owned();
-    Ok((status, body.to_owned()))
-}
 
 /// Series names in a Prometheus text exposition (`_bucket`, `_sum`,
 /// `_count` included, as PromQL names them).
@@ -202,36 +172,7 @@ fn the_promql_scanner_finds_metric_names_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_dashboard_queries_is_exported() {
-    let (grpc, metrics) = (free_port(), free_port());
-    let child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{grpc}"),
-            "--metrics-listen",
-            &format!("127.0.0.1:{metrics}"),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn respcoord");
-    let _process = Process(child);
-
-    let deadline = Instant::now() + PATIENCE;
-    let mut client = loop {
-        match pb::response_coordinator_client::ResponseCoordinatorClient::connect(format!(
-            "http://127.0.0.1:{grpc}"
-        ))
-        .await
-        {
-            Ok(client) => break client,
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(error) => panic!("respcoord did not start listening: {error}"),
-        }
-    };
+    let (process, mut client) = spawn_respcoord(&[]).await;
 
     // Every kind of call, including failing ones, and a watch.
     let mut watch = client
@@ -290,9 +231,10 @@ async fn every_metric_the_dashboard_queries_is_exported() {
         item.expect("watch item");
     }
 
+    let deadline = Instant::now() + PATIENCE;
     let exported = loop {
-        match http_get(metrics, "/metrics") {
-            Ok((status, body)) if status.contains(" 200") => break exposition_names(&body),
+        match try_http_get(process.metrics, "/metrics").await {
+            Ok((200, body)) => break exposition_names(&body),
             result if Instant::now() < deadline => {
                 let _ = result;
                 tokio::time::sleep(Duration::from_millis(50)).await

@@ -35,7 +35,7 @@ use std::{
     collections::{HashMap, HashSet},
     future::Future,
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::Command,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -54,8 +54,7 @@ use tonic::{Code, Status};
 
 /// The nats-server binary the cluster runs (see the module docs).
 fn nats_server() -> String {
-    std::env::var("RESPCOORD_TEST_CLUSTER_NATS_SERVER")
-        .unwrap_or_else(|_| "/usr/sbin/nats-server".to_owned())
+    nats_server_binary("RESPCOORD_TEST_CLUSTER_NATS_SERVER")
 }
 
 /// `nats-server --version` as (major, minor, patch).
@@ -89,7 +88,7 @@ struct Node {
     client_port: u16,
     /// nats-server's HTTP monitoring port (`/connz`).
     monitor_port: u16,
-    child: Option<Child>,
+    child: Option<KillOnDrop>,
 }
 
 /// Three nats-server processes; killed (and their stores removed) on drop.
@@ -98,26 +97,9 @@ struct Cluster {
     nodes: Vec<Node>,
 }
 
-/// Free loopback ports: bound all at once so they differ, then released.
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("local addr").port())
-        .collect()
-}
-
 impl Cluster {
     fn start() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "respcoord-nats-cluster-{}-{nanos}",
-            std::process::id()
-        ));
+        let dir = std::env::temp_dir().join(format!("respcoord-nats-cluster-{}", unique_suffix()));
         std::fs::create_dir_all(&dir).expect("create the cluster's temp dir");
         let ports = free_ports(3 * NODES);
         let (client_ports, rest) = ports.split_at(NODES);
@@ -134,12 +116,7 @@ impl Cluster {
                 .filter(|&j| j != i)
                 .map(|j| format!("nats://127.0.0.1:{}", cluster_ports[j]))
                 .collect();
-            let child = Command::new(nats_server())
-                .args(["-a", "127.0.0.1", "-p"])
-                .arg(client_ports[i].to_string())
-                .arg("-js")
-                .arg("-sd")
-                .arg(&store)
+            let child = nats_server_command(&nats_server(), client_ports[i], &store)
                 .args(["--cluster_name", "rc", "--cluster"])
                 .arg(format!("nats://127.0.0.1:{}", cluster_ports[i]))
                 .arg("--routes")
@@ -150,16 +127,13 @@ impl Cluster {
                 .arg(monitor_ports[i].to_string())
                 .arg("-l")
                 .arg(cluster.dir.join(format!("{name}.log")))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
                 .spawn()
                 .unwrap_or_else(|e| panic!("spawn {}: {e}", nats_server()));
             cluster.nodes.push(Node {
                 name,
                 client_port: client_ports[i],
                 monitor_port: monitor_ports[i],
-                child: Some(child),
+                child: Some(KillOnDrop::new(child)),
             });
         }
         cluster
@@ -185,9 +159,8 @@ impl Cluster {
 
     /// SIGKILL: a crash, no goodbye to the cluster.
     fn kill(&mut self, node: usize) {
-        if let Some(mut child) = self.nodes[node].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.nodes[node].child.take() {
+            child.kill();
         }
     }
 }

@@ -12,7 +12,6 @@ mod common;
 
 use std::{
     path::PathBuf,
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -26,38 +25,23 @@ struct Server {
     binary: String,
     port: u16,
     store: PathBuf,
-    child: Option<Child>,
+    child: Option<KillOnDrop>,
 }
 
 impl Server {
     fn start(&mut self) {
-        let child = Command::new(&self.binary)
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(&self.store)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let child = nats_server_command(&self.binary, self.port, &self.store)
             .spawn()
             .expect("spawn nats-server");
+        let mut child = KillOnDrop::new(child);
+        let addr = ([127, 0, 0, 1], self.port).into();
+        wait_listening(&mut child, addr, "nats-server");
         self.child = Some(child);
-        let deadline = Instant::now() + PATIENCE;
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "nats-server did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            child.kill();
         }
     }
 }
@@ -88,16 +72,12 @@ async fn start_when_back(client: &mut Client, session: &str) -> pb::StartRespons
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_follower_resumes_across_a_nats_server_restart() {
-    let binary = std::env::var("RESPCOORD_TEST_RESTART_NATS_SERVER")
-        .unwrap_or_else(|_| "/usr/sbin/nats-server".to_owned());
+    let binary = nats_server_binary("RESPCOORD_TEST_RESTART_NATS_SERVER");
     if !std::path::Path::new(&binary).exists() {
         eprintln!("skipped: {binary} is not installed");
         return;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
+    let port = free_port();
     let store = std::env::temp_dir().join(format!("respcoord-nats-restart-{port}"));
     let mut nats = Server {
         binary,

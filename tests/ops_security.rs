@@ -8,7 +8,6 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use respcoord::{
     auth::Tokens,
     proto::v1::{self as pb, response_coordinator_client::ResponseCoordinatorClient},
@@ -23,49 +22,19 @@ use tonic::{
 
 // ---- certificates ----
 
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
+#[path = "common/ca.rs"]
+#[allow(dead_code)] // write_mutual_tls_files is the scenario fixture's
+mod ca;
 
-impl Ca {
-    fn new(name: &str) -> Self {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let pem = params.self_signed(&key).unwrap().pem();
-        Self {
-            pem,
-            issuer: Issuer::new(params, key),
-        }
-    }
+use ca::Ca;
 
-    /// A leaf certificate for `name` (also its DNS SAN): (cert PEM, key PEM).
-    fn leaf(&self, name: &str) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(vec![name.to_owned()]).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
-
-/// Writes `contents` to a fresh file under the system temp dir.
+/// A scratch file of this test process's.
 fn temp_file(name: &str, contents: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("respcoord-security-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, contents).unwrap();
-    path
+    scratch_file("respcoord-security", name, contents)
 }
 
 fn tls_config(ca: &Ca, client_ca: Option<&Ca>, tag: &str) -> TlsConfig {
-    let (cert, key) = ca.leaf("localhost");
+    let (cert, key) = ca.leaf("localhost").unwrap();
     TlsConfig {
         cert: Pem::certificates(&temp_file(&format!("{tag}-cert.pem"), &cert)).unwrap(),
         key: Pem::private_key(&temp_file(&format!("{tag}-key.pem"), &key)).unwrap(),
@@ -105,7 +74,7 @@ async fn can_call(channel: Result<Channel, tonic::transport::Error>) -> Result<(
 
 #[tokio::test]
 async fn tls_serves_encrypted_and_refuses_plaintext() {
-    let ca = Ca::new("test CA");
+    let ca = Ca::new("test CA").unwrap();
     let server = TestServer::with_config(ServerConfig {
         tls: Some(tls_config(&ca, None, "tls")),
         ..Default::default()
@@ -115,7 +84,7 @@ async fn tls_serves_encrypted_and_refuses_plaintext() {
         .await
         .expect("a TLS client that trusts the CA gets through");
     // A client that does not trust the server's CA cannot connect.
-    let stranger = Ca::new("another CA");
+    let stranger = Ca::new("another CA").unwrap();
     assert!(can_call(tls_channel(&server, &stranger, None).await)
         .await
         .is_err());
@@ -130,25 +99,32 @@ async fn tls_serves_encrypted_and_refuses_plaintext() {
 
 #[tokio::test]
 async fn mutual_tls_requires_a_client_certificate_from_the_client_ca() {
-    let server_ca = Ca::new("server CA");
-    let client_ca = Ca::new("client CA");
+    let server_ca = Ca::new("server CA").unwrap();
+    let client_ca = Ca::new("client CA").unwrap();
     let server = TestServer::with_config(ServerConfig {
         tls: Some(tls_config(&server_ca, Some(&client_ca), "mtls")),
         ..Default::default()
     })
     .await;
-    can_call(tls_channel(&server, &server_ca, Some(client_ca.leaf("gateway-1"))).await)
-        .await
-        .expect("a client with a certificate from the client CA gets through");
+    can_call(
+        tls_channel(
+            &server,
+            &server_ca,
+            Some(client_ca.leaf("gateway-1").unwrap()),
+        )
+        .await,
+    )
+    .await
+    .expect("a client with a certificate from the client CA gets through");
     assert!(
         can_call(tls_channel(&server, &server_ca, None).await)
             .await
             .is_err(),
         "no client certificate"
     );
-    let rogue = Ca::new("rogue CA");
+    let rogue = Ca::new("rogue CA").unwrap();
     assert!(
-        can_call(tls_channel(&server, &server_ca, Some(rogue.leaf("gateway-1"))).await)
+        can_call(tls_channel(&server, &server_ca, Some(rogue.leaf("gateway-1").unwrap())).await)
             .await
             .is_err(),
         "a client certificate from another CA"

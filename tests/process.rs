@@ -8,9 +8,8 @@
 mod common;
 
 use std::{
-    net::{SocketAddr, TcpListener},
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -20,85 +19,7 @@ use tonic_health::pb::{
     health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_respcoord");
-
-struct Process {
-    child: Child,
-    endpoint: String,
-    /// The metrics port: `/metrics`, `/healthz`, `/readyz`.
-    metrics: SocketAddr,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// Starts `respcoord serve` with a metrics port, `args` and `envs`, and
-/// waits until it listens.
-fn spawn_with(args: &[&str], envs: &[(&str, &str)], stderr: Stdio) -> Process {
-    let port = free_port();
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut command = Command::new(BIN);
-    command
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--metrics-listen", &metrics.to_string()])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr);
-    for (key, value) in envs {
-        command.env(key, value);
-    }
-    let child = command.spawn().expect("spawn respcoord");
-    let mut process = Process {
-        child,
-        endpoint: format!("http://127.0.0.1:{port}"),
-        metrics,
-    };
-    // Both ports are bound before either serves.
-    let deadline = Instant::now() + PATIENCE;
-    while std::net::TcpStream::connect(metrics).is_err() {
-        if let Some(status) = process.child.try_wait().expect("wait") {
-            panic!("respcoord exited with {status} before listening");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "respcoord did not start listening"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    process
-}
-
-async fn spawn(envs: &[(&str, &str)]) -> (Process, Client) {
-    let process = spawn_with(&[], envs, Stdio::null());
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        match pb::response_coordinator_client::ResponseCoordinatorClient::connect(
-            process.endpoint.clone(),
-        )
-        .await
-        {
-            Ok(client) => return (process, client),
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(error) => panic!("respcoord did not start listening: {error}"),
-        }
-    }
-}
-
-fn wait_exit(process: &mut Process) -> std::process::ExitStatus {
+fn wait_exit(process: &mut RespcoordProcess) -> std::process::ExitStatus {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if let Some(status) = process.child.try_wait().expect("wait") {
@@ -112,7 +33,7 @@ fn wait_exit(process: &mut Process) -> std::process::ExitStatus {
     }
 }
 
-fn sigterm(process: &Process) {
+fn sigterm(process: &RespcoordProcess) {
     let pid = process.child.id().to_string();
     let killed = Command::new("kill")
         .args(["-TERM", &pid])
@@ -136,7 +57,7 @@ async fn next_health(
 async fn sigterm_ends_watches_cleanly_and_exits_zero() {
     // A long grace period: the test, not the clock, decides when the last
     // in-flight call ends.
-    let (mut process, mut c) = spawn(&[("RESPCOORD_SHUTDOWN_GRACE", "120s")]).await;
+    let (mut process, mut c) = spawn_respcoord(&[("RESPCOORD_SHUTDOWN_GRACE", "120s")]).await;
     assert_eq!(http_get(process.metrics, "/readyz").await.0, 200);
     // A health watch, as a load balancer's checker holds one; it is also the
     // in-flight call the drain waits for.
@@ -197,7 +118,7 @@ async fn sigterm_ends_watches_cleanly_and_exits_zero() {
 
 #[tokio::test]
 async fn sigterm_exits_zero_when_the_grace_period_runs_out() {
-    let (mut process, _c) = spawn(&[("RESPCOORD_SHUTDOWN_GRACE", "1s")]).await;
+    let (mut process, _c) = spawn_respcoord(&[("RESPCOORD_SHUTDOWN_GRACE", "1s")]).await;
     let mut health = HealthClient::new(
         tonic::transport::Channel::from_shared(process.endpoint.clone())
             .unwrap()
@@ -304,7 +225,7 @@ async fn spans_reach_an_otlp_collector_with_the_callers_trace_id() {
     use opentelemetry_proto::tonic::common::v1::any_value::Value;
     let (collector, mut exports, mut metric_exports) = collector::start().await;
     let endpoint = format!("http://{collector}");
-    let (mut process, mut c) = spawn(&[
+    let (mut process, mut c) = spawn_respcoord(&[
         ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
@@ -404,13 +325,9 @@ async fn spans_reach_an_otlp_collector_with_the_callers_trace_id() {
 
 // ---- secrets ----
 
-/// A scratch directory for this test process's files.
+/// A scratch file of this test process's.
 fn scratch(name: &str, contents: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("respcoord-process-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, contents).unwrap();
-    path
+    scratch_file("respcoord-process", name, contents)
 }
 
 /// A self-signed certificate for `localhost`: (cert PEM, key PEM).
@@ -431,7 +348,7 @@ async fn tokens_and_private_keys_never_reach_the_logs() {
     let cert_file = scratch("log-cert.pem", &cert);
     let key_file = scratch("log-key.pem", &key);
     let log = scratch("log-stderr", "");
-    let mut process = spawn_with(
+    let mut process = spawn_respcoord_with(
         &[
             "--auth-tokens",
             tokens.to_str().unwrap(),
@@ -489,7 +406,7 @@ async fn tokens_and_private_keys_never_reach_the_logs() {
 
 #[tokio::test]
 async fn idle_sessions_expire_over_the_wire_with_ttls_from_the_environment() {
-    let (_process, mut c) = spawn(&[
+    let (_process, mut c) = spawn_respcoord(&[
         ("RESPCOORD_SESSION_IDLE_TTL", "1s"),
         ("RESPCOORD_TOMBSTONE_TTL", "1s"),
     ])
@@ -701,7 +618,7 @@ fn bad_configuration_exits_2_naming_the_flag() {
         ),
     ];
     for (args, envs, flag) in cases {
-        let mut command = Command::new(BIN);
+        let mut command = Command::new(RESPCOORD_BIN);
         command
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(&args)
@@ -740,12 +657,10 @@ fn bad_configuration_exits_2_naming_the_flag() {
 /// in-memory fallback.
 #[tokio::test]
 async fn two_binaries_on_one_nats_bucket_serve_the_same_sessions() {
-    let url = std::env::var("RESPCOORD_TEST_NATS_URL").ok();
-    if url.is_none() && std::net::TcpStream::connect("127.0.0.1:4222").is_err() {
-        eprintln!("no NATS on 127.0.0.1:4222 and RESPCOORD_TEST_NATS_URL unset: skipped");
+    if !nats_available() {
         return;
     }
-    let url = url.unwrap_or_else(test_nats_url);
+    let url = test_nats_url();
     let bucket = fresh_bucket();
     let envs = [
         ("RESPCOORD_BACKEND", "nats"),
@@ -753,8 +668,8 @@ async fn two_binaries_on_one_nats_bucket_serve_the_same_sessions() {
         ("RESPCOORD_NATS_BUCKET", bucket.as_str()),
         ("RESPCOORD_NATS_MEMORY_STORAGE", "true"),
     ];
-    let (mut first, mut a) = spawn(&envs).await;
-    let (_second, mut b) = spawn(&envs).await;
+    let (mut first, mut a) = spawn_respcoord(&envs).await;
+    let (_second, mut b) = spawn_respcoord(&envs).await;
     let started = start(&mut a, "proc").await;
     let finished = finish(
         &mut b,
@@ -773,7 +688,7 @@ async fn two_binaries_on_one_nats_bucket_serve_the_same_sessions() {
     assert_eq!(state.revision, 2);
 
     // No NATS there: exit 1 with the reason, never serve.
-    let refused = Command::new(BIN)
+    let refused = Command::new(RESPCOORD_BIN)
         .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
         .args([
             "--backend",

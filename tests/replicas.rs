@@ -25,20 +25,6 @@ use respcoord::{
 };
 use tonic::Code;
 
-/// Whether NATS is there to test against (see the module docs).
-async fn nats_available() -> bool {
-    if std::env::var_os("RESPCOORD_TEST_NATS_URL").is_some() {
-        return true;
-    }
-    let reachable = tokio::net::TcpStream::connect("127.0.0.1:4222")
-        .await
-        .is_ok();
-    if !reachable {
-        eprintln!("no NATS on 127.0.0.1:4222 and RESPCOORD_TEST_NATS_URL unset: skipped");
-    }
-    reachable
-}
-
 /// `n` replicas serving one fresh bucket.
 async fn replicas(n: usize, registry: RegistryConfig) -> Vec<TestServer> {
     let bucket = fresh_bucket();
@@ -63,7 +49,7 @@ async fn replicas(n: usize, registry: RegistryConfig) -> Vec<TestServer> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_replica_sees_every_replicas_events_with_the_same_revisions_and_seqs() {
-    if !nats_available().await {
+    if !nats_available() {
         return;
     }
     let servers = replicas(2, RegistryConfig::default()).await;
@@ -98,7 +84,7 @@ async fn every_replica_sees_every_replicas_events_with_the_same_revisions_and_se
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_id_replay_and_fencing_hold_across_replicas() {
-    if !nats_available().await {
+    if !nats_available() {
         return;
     }
     let servers = replicas(2, RegistryConfig::default()).await;
@@ -130,7 +116,7 @@ async fn request_id_replay_and_fencing_hold_across_replicas() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listing_pages_continue_on_any_replica_and_see_own_writes() {
-    if !nats_available().await {
+    if !nats_available() {
         return;
     }
     let servers = replicas(2, RegistryConfig::default()).await;
@@ -164,7 +150,7 @@ async fn listing_pages_continue_on_any_replica_and_see_own_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_happens_once_across_replicas_then_the_tombstone_is_forgotten() {
-    if !nats_available().await {
+    if !nats_available() {
         return;
     }
     let registry = RegistryConfig {
@@ -308,7 +294,7 @@ async fn gateway(endpoints: Vec<String>, seed: u64, calls: usize) -> Acknowledge
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_replica_mid_load_loses_nothing_acknowledged() {
-    if !nats_available().await {
+    if !nats_available() {
         return;
     }
     let mut servers = replicas(3, RegistryConfig::default()).await;

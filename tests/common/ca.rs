@@ -1,5 +1,6 @@
 //! Throwaway certificate authorities for TLS tests: a CA and leaf
-//! certificates it signs (`tests/client.rs`, `examples/scenario_fixture.rs`).
+//! certificates it signs (`tests/client.rs`, `tests/ops_security.rs`,
+//! `examples/scenario_fixture.rs`).
 
 use std::path::Path;
 

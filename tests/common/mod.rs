@@ -3,7 +3,12 @@
 //! the contract's invariants over a recorded event stream.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::{collections::HashMap, net::SocketAddr, time::Duration};
+mod processes;
+
+#[allow(unused_imports)] // the e2e suites spawn no processes
+pub use processes::*;
+
+use std::{collections::HashMap, net::SocketAddr, path::PathBuf, time::Duration};
 
 use respcoord::{
     backend::Coordinator,
@@ -149,19 +154,52 @@ pub fn test_nats_url() -> String {
     std::env::var("RESPCOORD_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
 }
 
-/// A bucket name no other test (or earlier run) uses.
-pub fn fresh_bucket() -> String {
+/// Whether the shared NATS is there to test against: `RESPCOORD_TEST_NATS_URL`
+/// set (the test command sets it, and starts a server if none runs), or
+/// something listening on 127.0.0.1:4222. Says so when it is not, so that a
+/// bare `cargo test` on a laptop passes such tests vacuously but visibly.
+pub fn nats_available() -> bool {
+    if std::env::var_os("RESPCOORD_TEST_NATS_URL").is_some() {
+        return true;
+    }
+    let reachable = std::net::TcpStream::connect("127.0.0.1:4222").is_ok();
+    if !reachable {
+        eprintln!("no NATS on 127.0.0.1:4222 and RESPCOORD_TEST_NATS_URL unset: skipped");
+    }
+    reachable
+}
+
+/// Letters no other call in this process, nor another test process (or an
+/// earlier run), gets: the process id, the time and a counter. For bucket
+/// and scratch directory names.
+pub fn unique_suffix() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!(
-        "t{}_{}_{}",
+        "{}_{}_{}",
         std::process::id(),
         nanos % 1_000_000_000_000,
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// A bucket name no other test (or earlier run) uses.
+pub fn fresh_bucket() -> String {
+    format!("t{}", unique_suffix())
+}
+
+/// Writes `contents` to `name` in this test process's scratch directory
+/// (`$TMPDIR/{prefix}-{pid}`) and returns its path: certificates, keys and
+/// tokens that a server or CLI under test reads from a file.
+pub fn scratch_file(prefix: &str, name: &str, contents: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create the scratch directory");
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("write a scratch file");
+    path
 }
 
 /// NATS settings for a test bucket (in NATS memory: nothing left on disk).
@@ -191,30 +229,45 @@ async fn coordinator_for_tests(config: RegistryConfig) -> (Coordinator, Option<S
     }
 }
 
-/// A plain HTTP/1.1 GET (the metrics port): status code and body.
+/// A plain HTTP/1.1 GET (the metrics port, nats-server's monitoring port):
+/// status code and body. Panics if there is no HTTP answer in time.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    try_http_get(addr, path)
+        .await
+        .unwrap_or_else(|error| panic!("GET {path} from {addr}: {error}"))
+}
+
+/// [`http_get`] for a caller that retries until the port answers: the error
+/// says why there was no HTTP answer (nothing listening yet, say).
+pub async fn try_http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Error, ErrorKind};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let late = |what: &str| Error::new(ErrorKind::TimedOut, format!("no {what} in {PATIENCE:?}"));
     let mut stream = tokio::time::timeout(PATIENCE, tokio::net::TcpStream::connect(addr))
         .await
-        .expect("connect in time")
-        .expect("connect to the metrics port");
+        .map_err(|_| late("connection"))??;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("send");
+    stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response))
         .await
-        .expect("response in time")
-        .expect("read response");
-    let response = String::from_utf8(response).expect("UTF-8 response");
+        .map_err(|_| late("response"))??;
+    let response =
+        String::from_utf8(response).map_err(|e| Error::new(ErrorKind::InvalidData, e))?;
     let status = response
         .split(' ')
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidData,
+                format!("not an HTTP response: {response:?}"),
+            )
+        })?;
     let body = response
         .split_once("\r\n\r\n")
         .map_or(String::new(), |(_, body)| body.to_owned());
-    (status, body)
+    Ok((status, body))
 }
 
 /// The value of the Prometheus sample `name{labels..}` whose labels include
