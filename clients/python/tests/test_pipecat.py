@@ -415,12 +415,18 @@ async def test_two_pipelines_in_two_processes(servers: Servers) -> None:
         assert await server.finishes(response_id) == 0
     for response_id in b_ids:
         assert await server.finishes(response_id) == 1
+    assert report["a_bot_interruptions"] == rounds
+    assert report["b"]["barge_ins_applied"] == rounds - rounds // 2
+    assert report["b"]["responses_finished"] == rounds // 2
     delays = sorted(r["delay_ms"] for r in report["rounds"])
+    calls = sorted(r["b_call_ms"] for r in report["rounds"])
+    a = report["a"]
     print(
-        f"\npipecat two processes, {rounds} rounds: "
-        f"A frames passed {report['a']['frames_passed']}, "
-        f"dropped after the stop {report['a']['frames_dropped']}, passed after the stop "
-        f"{report['frames_after_stop']}; interruptions in A's pipeline "
-        f"{report['a']['interruptions_pushed']}; B's event to A's stop observed "
-        f"(ms): min {delays[0]:.2f}, median {delays[len(delays) // 2]:.2f}, max {delays[-1]:.2f}"
+        f"\npipecat two processes, {rounds} rounds: A's gate passed {a['frames_passed']} frames, "
+        f"dropped {a['frames_dropped']} after the stops, passed {report['frames_after_stop']} "
+        f"after it had observed a stop; InterruptionFrames in A's pipeline: "
+        f"{report['a_bot_interruptions']} upstream, {report['a_speaker_interruptions']} "
+        f"downstream; B's action to A's gate observing the stop: min {delays[0]:.2f} ms, "
+        f"median {delays[len(delays) // 2]:.2f} ms, max {delays[-1]:.2f} ms (B's action to "
+        f"B's call answered: median {calls[len(calls) // 2]:.2f} ms)"
     )

@@ -248,8 +248,10 @@ class ResponseGate(FrameProcessor):
     ``on_response_started(gate, response_id)``,
     ``on_response_finished(gate, response_id, finished)``,
     ``on_response_stopped(gate, response_id, reason)`` (a stop made by the
-    coordinator, after the interruption was pushed) and
-    ``on_session_terminated(gate)``.
+    coordinator, after the interruption was pushed),
+    ``on_barge_in(gate, cancelled_response_id)`` (the Cancel for an
+    interruption here is done; ``None`` if it found nothing live to cancel)
+    and ``on_session_terminated(gate)``.
     """
 
     def __init__(
@@ -299,6 +301,7 @@ class ResponseGate(FrameProcessor):
             "on_response_started",
             "on_response_finished",
             "on_response_stopped",
+            "on_barge_in",
             "on_session_terminated",
         ):
             self._register_event_handler(event)
@@ -567,7 +570,7 @@ class ResponseGate(FrameProcessor):
             if self._closed and not turn.interrupted:
                 self.stats.responses_released += 1
             if turn.interrupted:
-                await self._cancel_own(response.id)
+                await self._cancel(response.id)
             return
         self._owned.add(turn)
         # A response stopped already (a replayed Start, or a stop the watch
@@ -660,32 +663,32 @@ class ResponseGate(FrameProcessor):
         handled: ours if it was live here, else the one the coordinator has
         live (another gateway's)."""
         self._barge_in_queued = False
+        cancelled: int | None = None
         try:
-            if own is not None and await self._cancel_own(own):
-                return
-            state = await self._session.state()
-            if state.phase is Phase.ACTIVE and state.response_id not in (None, own):
-                assert state.response_id is not None
-                cancelled = await self._session.cancel(
-                    source=self._interruption_source, if_response_id=state.response_id
-                )
-                if cancelled is not None:
-                    self.stats.barge_ins_applied += 1
+            if own is not None:
+                cancelled = await self._cancel(own)
+            if cancelled is None:
+                state = await self._session.state()
+                if state.phase is Phase.ACTIVE and state.response_id not in (None, own):
+                    assert state.response_id is not None
+                    cancelled = await self._cancel(state.response_id)
         except SessionTerminated:
             self._on_terminated()
         except RespcoordError as error:
             logger.warning(f"{self}: respcoord Cancel for an interruption failed: {error}")
-        finally:
-            self.stats.barge_ins += 1
+        self.stats.barge_ins += 1
+        await self._call_event_handler("on_barge_in", cancelled)
 
-    async def _cancel_own(self, response_id: int) -> bool:
+    async def _cancel(self, response_id: int) -> int | None:
+        """Cancels ``response_id`` if it is still the live one; returns it if
+        this call cancelled it."""
         cancelled = await self._session.cancel(
             source=self._interruption_source, if_response_id=response_id
         )
         if cancelled == response_id:
             self.stats.barge_ins_applied += 1
-            return True
-        return False
+            return cancelled
+        return None
 
     def _on_terminated(self) -> None:
         if self._terminated:
