@@ -372,6 +372,117 @@ async def test_a_torn_down_session_lets_nothing_out(
     assert sum("is terminated" in message for message in quiet_pipecat) == 1
 
 
+async def test_back_to_back_responses_are_each_finished_once(servers: Servers) -> None:
+    """The second response's frames arrive while the first one's Start may
+    still be in flight: its Start waits for the first one's Finish, so the
+    first is completed, not superseded."""
+    server = await servers.fixture()
+    client = await servers.client(server.grpc)
+    recording = Recording(server.grpc, "pc-back-", 2)
+    await recording.open()
+    try:
+        gate = ResponseGate(client.session("pc-back-to-back"))
+        recorder = Recorder(gate)
+        one = [LLMFullResponseStartFrame(), audio(), LLMFullResponseEndFrame()]
+        two = [LLMFullResponseStartFrame(), audio(), LLMFullResponseEndFrame()]
+        await run_test(Pipeline([gate, recorder]), frames_to_send=[*one, *two])
+        await within("both responses ended", recording.all_ended.wait())
+    finally:
+        await recording.close()
+    first, second = sorted(response_ids(recorder.passed))
+    assert [frame.metadata[RESPONSE_ID_METADATA] for frame in recorder.passed] == [
+        first,
+        first,
+        first,
+        second,
+        second,
+        second,
+    ]
+    assert await server.finishes(first) == 1
+    assert await server.finishes(second) == 1
+    assert recording.ended == {first: 1, second: 1}
+    assert (gate.stats.responses_finished, gate.stats.responses_stopped) == (2, 0)
+
+
+async def test_a_new_response_here_supersedes_without_interrupting(servers: Servers) -> None:
+    server = await servers.fixture()
+    client = await servers.client(server.grpc)
+    gate = ResponseGate(client.session("pc-replace"))
+    recorder = Recorder(gate)
+    hold = Hold()
+
+    async def release_when_live() -> None:
+        await until("the first response is live", lambda: gate.stats.frames_passed == 2)
+        hold.until.set()
+
+    releaser = asyncio.create_task(release_when_live())
+    await run_test(
+        Pipeline([Holder(), gate, recorder]),
+        frames_to_send=[
+            LLMFullResponseStartFrame(),
+            audio(),
+            hold,
+            *after_hold(LLMFullResponseStartFrame(), audio(), LLMFullResponseEndFrame()),
+        ],
+        expected_down_frames=[
+            LLMFullResponseStartFrame,
+            TTSAudioRawFrame,
+            LLMFullResponseStartFrame,
+            TTSAudioRawFrame,
+            LLMFullResponseEndFrame,
+        ],
+        expected_up_frames=[],
+    )
+    await releaser
+    first, second = sorted(response_ids(recorder.passed))
+    assert await server.finishes(first) == 0  # superseded by the second Start
+    assert await server.finishes(second) == 1
+    stats = gate.stats
+    assert (stats.responses_replaced, stats.responses_finished) == (1, 1)
+    assert stats.interruptions_pushed == 0
+
+
+async def test_the_end_of_the_pipeline_releases_a_live_response(servers: Servers) -> None:
+    server = await servers.fixture()
+    client = await servers.client(server.grpc)
+    session = client.session("pc-released")
+    gate = ResponseGate(session)
+    down, _ = await run_test(
+        gate,
+        frames_to_send=[LLMFullResponseStartFrame(), audio()],
+        expected_down_frames=[LLMFullResponseStartFrame, TTSAudioRawFrame],
+    )
+    (response_id,) = response_ids(list(down))
+    assert gate.stats.responses_released == 1
+    # Released sends nothing: the coordinator keeps it until it is
+    # superseded, cancelled or expires.
+    state = await session.state()
+    assert state.response_id == response_id
+    assert await server.finishes(response_id) == 0
+
+
+async def test_speech_outside_an_llm_response_is_a_response_of_its_own(servers: Servers) -> None:
+    """A ``TTSSpeakFrame`` utterance: TTS frames with no LLM markers."""
+    server = await servers.fixture()
+    client = await servers.client(server.grpc)
+    gate = ResponseGate(client.session("pc-speak"))
+    down, _ = await run_test(
+        gate,
+        frames_to_send=[
+            TTSStartedFrame(context_id="hello"),
+            audio("hello"),
+            TTSStoppedFrame(context_id="hello"),
+            TTSStartedFrame(context_id="again"),
+            audio("again"),
+            TTSStoppedFrame(context_id="again"),
+        ],
+    )
+    first, second = sorted(response_ids(list(down)))
+    assert len(down) == 6
+    assert await server.finishes(first) == 1
+    assert await server.finishes(second) == 1
+
+
 async def test_two_pipelines_in_two_processes(servers: Servers) -> None:
     """The example: gateway A (this test's child) streams TTS audio, gateway
     B (A's child, another process) barges in or answers; A's output stops."""

@@ -247,8 +247,8 @@ class ResponseGate(FrameProcessor):
     Event handlers (Pipecat's ``@gate.event_handler(name)``):
     ``on_response_started(gate, response_id)``,
     ``on_response_finished(gate, response_id, finished)``,
-    ``on_response_stopped(gate, response_id, reason)`` (a stop made by the
-    coordinator, after the interruption was pushed),
+    ``on_response_stopped(gate, response_id, reason)`` (the coordinator
+    stopped it, from any process; after the interruption was pushed),
     ``on_barge_in(gate, cancelled_response_id)`` (the Cancel for an
     interruption here is done; ``None`` if it found nothing live to cancel)
     and ``on_session_terminated(gate)``.
@@ -582,8 +582,8 @@ class ResponseGate(FrameProcessor):
         """The Start failed: the response's frames are dropped (fail
         closed), and the LLM/TTS are interrupted so they stop producing it,
         unless the pipeline has moved on to another response."""
-        if self._turn is turn:
-            self._interrupt_later(turn, None)
+        if self._turn is turn and not self._closed:
+            self._spawn(self._interrupt())
 
     async def _finish(self, turn: _Turn) -> None:
         if turn.state is not _State.ENDING or turn.response is None:
@@ -618,24 +618,24 @@ class ResponseGate(FrameProcessor):
         self._forget(turn)
         if reason in _TERMINAL_REASONS:
             self._on_terminated()
-        # A late stop of a response whose frames are all out does not
-        # interrupt the pipeline's next response.
-        if self._turn is None or self._turn is turn:
-            self._interrupt_later(turn, reason)
-
-    def _interrupt_later(self, turn: _Turn, reason: StopReason | None) -> None:
         if self._closed:
             return
-        response_id = turn.response.id if turn.response is not None else None
-        self._spawn(self._interrupt(response_id, reason))
+        # A late stop of a response whose frames are all out (its Finish was
+        # still queued) does not interrupt the response the pipeline has
+        # moved on to.
+        interrupt = self._turn is None or self._turn is turn
+        self._spawn(self._stopped(response.id, reason, interrupt=interrupt))
 
-    async def _interrupt(self, response_id: int | None, reason: StopReason | None) -> None:
+    async def _stopped(self, response_id: int, reason: StopReason, *, interrupt: bool) -> None:
+        if interrupt:
+            await self._interrupt()
+        await self._call_event_handler("on_response_stopped", response_id, reason)
+
+    async def _interrupt(self) -> None:
         """Interrupts the pipeline the Pipecat way: the LLM and TTS stop
         generating, the output transport drops what it buffered."""
         await self.broadcast_interruption()  # type: ignore[no-untyped-call]  # unannotated in pipecat
         self.stats.interruptions_pushed += 1
-        if response_id is not None and reason is not None:
-            await self._call_event_handler("on_response_stopped", response_id, reason)
 
     def _interruption_here(self) -> None:
         """The user interrupted in this pipeline: end our response now and
