@@ -257,6 +257,63 @@ async def test_a_stop_by_another_client_drops_the_rest_and_interrupts(
     )
 
 
+async def test_late_frames_of_a_stopped_context_are_dropped_in_the_next_response(
+    servers: Servers,
+) -> None:
+    server = await servers.fixture()
+    client = await servers.client(server.grpc)
+    other = await servers.client(server.grpc)
+    session_id = "pc-late-context"
+    gate = ResponseGate(client.session(session_id))
+    recorder = Recorder(gate)
+    hold = Hold()
+
+    async def cancel_elsewhere() -> None:
+        await until("three frames passed", lambda: gate.stats.frames_passed == 3)
+        response_id = gate.live_response_id
+        assert response_id is not None
+        await other.session(session_id).cancel(if_response_id=response_id)
+        await until("the gate interrupted", lambda: gate.stats.interruptions_pushed == 1)
+        hold.until.set()
+
+    canceller = asyncio.create_task(cancel_elsewhere())
+    await run_test(
+        Pipeline([Holder(), gate, recorder]),
+        frames_to_send=[
+            LLMFullResponseStartFrame(),
+            TTSStartedFrame(context_id="c1"),
+            audio("c1"),
+            hold,
+            *after_hold(
+                LLMFullResponseStartFrame(),
+                audio("c1"),  # late, from the TTS context of the stopped response
+                TTSStartedFrame(context_id="c2"),
+                audio("c2"),
+                LLMFullResponseEndFrame(),
+            ),
+        ],
+        expected_down_frames=[
+            LLMFullResponseStartFrame,
+            TTSStartedFrame,
+            TTSAudioRawFrame,
+            InterruptionFrame,
+            LLMFullResponseStartFrame,
+            TTSStartedFrame,
+            TTSAudioRawFrame,
+            LLMFullResponseEndFrame,
+        ],
+        expected_up_frames=[InterruptionFrame],
+    )
+    await canceller
+    first, second = sorted(response_ids(recorder.passed))
+    late = [frame for frame in recorder.passed if getattr(frame, "context_id", None) == "c1"]
+    assert all(frame.metadata[RESPONSE_ID_METADATA] == first for frame in late)
+    assert gate.stats.frames_dropped == 1
+    assert recorder.after_stop == 0
+    assert await server.finishes(first) == 0
+    assert await server.finishes(second) == 1
+
+
 async def test_frames_wait_for_a_retried_start(servers: Servers) -> None:
     server = await servers.fixture()
     client = await servers.client(server.proxy)
@@ -422,7 +479,8 @@ async def test_a_new_response_here_supersedes_without_interrupting(servers: Serv
             LLMFullResponseStartFrame(),
             audio(),
             hold,
-            *after_hold(LLMFullResponseStartFrame(), audio(), LLMFullResponseEndFrame()),
+            # Pipecat's TTS opens a new context for each LLM response.
+            *after_hold(LLMFullResponseStartFrame(), audio("c2"), LLMFullResponseEndFrame()),
         ],
         expected_down_frames=[
             LLMFullResponseStartFrame,

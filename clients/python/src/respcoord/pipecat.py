@@ -108,6 +108,7 @@ they never interrupt the pipeline."""
 _TERMINAL_REASONS: Final = frozenset({StopReason.SHUTDOWN, StopReason.EXPIRED})
 
 _MAX_STOP_RECORDS: Final = 1024
+_MAX_DEAD_CONTEXTS: Final = 256
 
 
 @dataclass
@@ -292,6 +293,7 @@ class ResponseGate(FrameProcessor):
         self._worker: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stops: OrderedDict[int, StopRecord] = OrderedDict()
+        self._dead_contexts: OrderedDict[str, None] = OrderedDict()
         self._barge_in_queued = False
         self._terminated = False
         self._closed = False
@@ -395,6 +397,12 @@ class ResponseGate(FrameProcessor):
         it begins a response; ``None`` if the frame was dropped or is an end
         marker outside any response."""
         turn = self._turn
+        context = _context_id(frame)
+        if context is not None and context in self._dead_contexts:
+            # A late frame of a stopped response's TTS context, even after
+            # the next response began.
+            self.stats.frames_dropped += 1
+            return None
         if isinstance(frame, LLMFullResponseStartFrame):
             if turn is not None and turn.state in (_State.PENDING, _State.LIVE):
                 self._replace(turn)
@@ -409,17 +417,32 @@ class ResponseGate(FrameProcessor):
             # A frame of the stopped response, still in flight from the
             # LLM/TTS: it never leaves.
             self.stats.frames_dropped += 1
+            if context is not None:
+                turn.contexts.add(context)
+                self._bury_context(context)
             if self._ends(turn, frame):
                 self._turn = None
             return None
         return turn
+
+    def _stop_here(self, turn: _Turn) -> None:
+        """Marks a response stopped; frames of its TTS contexts are dropped
+        from now on wherever they turn up."""
+        turn.state = _State.STOPPED
+        for context in turn.contexts:
+            self._bury_context(context)
+
+    def _bury_context(self, context: str) -> None:
+        self._dead_contexts[context] = None
+        while len(self._dead_contexts) > _MAX_DEAD_CONTEXTS:
+            self._dead_contexts.popitem(last=False)
 
     async def _response_frame(self, frame: Frame) -> None:
         await self._wait_for_room()
         if self._terminated or self._closed:
             self.stats.frames_dropped += 1
             return
-        unattributed = self._turn is None
+        unattributed = self._turn is None and _context_id(frame) not in self._dead_contexts
         turn = self._attribute(frame)
         if turn is None:
             if unattributed:
@@ -430,19 +453,18 @@ class ResponseGate(FrameProcessor):
         context = _context_id(frame)
         if context is not None:
             turn.contexts.add(context)
-        ends = self._ends(turn, frame)
-        if ends:
-            # Frames after the end belong to the next response.
+        if self._ends(turn, frame):
+            # Frames after the end belong to the next response. The Finish is
+            # queued now, so it runs after this response's Start and flush and
+            # before the next response's Start; it is sent only if the end
+            # frame got out (the response is then ``ENDING``).
             self._turn = None
+            self._enqueue(partial(self._finish, turn))
         if turn.state is _State.PENDING:
             turn.pending.append((frame, FrameDirection.DOWNSTREAM))
             self.stats.max_held_frames = max(self.stats.max_held_frames, len(turn.pending))
         else:
             await self._emit(turn, frame, FrameDirection.DOWNSTREAM)
-        if ends:
-            # Queued now, so it runs after this response's Start and flush and
-            # before the next response's Start.
-            self._enqueue(partial(self._finish, turn))
 
     async def _other_frame(self, frame: Frame) -> None:
         await self._wait_for_room()
@@ -515,7 +537,7 @@ class ResponseGate(FrameProcessor):
     def _replace(self, turn: _Turn) -> None:
         """This pipeline began its next response before the current one
         ended: the next Start supersedes it at the coordinator."""
-        turn.state = _State.STOPPED
+        self._stop_here(turn)
         self.stats.responses_replaced += 1
         self._let_go(turn)
 
@@ -537,7 +559,7 @@ class ResponseGate(FrameProcessor):
             if turn.state is _State.PENDING and not (self._terminated or self._closed):
                 await self._send_start(turn)
             if turn.state is _State.PENDING and turn.response is None:
-                turn.state = _State.STOPPED
+                self._stop_here(turn)
             while turn.pending:
                 frame, direction = turn.pending.popleft()
                 await self._emit(turn, frame, direction)
@@ -613,7 +635,7 @@ class ResponseGate(FrameProcessor):
             self._stops.popitem(last=False)
         if reason in _LOCAL_REASONS or turn.state in (_State.STOPPED, _State.DONE):
             return
-        turn.state = _State.STOPPED
+        self._stop_here(turn)
         self.stats.responses_stopped += 1
         self._forget(turn)
         if reason in _TERMINAL_REASONS:
@@ -644,7 +666,7 @@ class ResponseGate(FrameProcessor):
         own: int | None = None
         turn = self._turn
         if turn is not None and turn.state in (_State.PENDING, _State.LIVE):
-            turn.state = _State.STOPPED
+            self._stop_here(turn)
             turn.interrupted = True
             self.stats.responses_interrupted += 1
             if turn.response is not None:
