@@ -541,6 +541,17 @@ async def test_speech_outside_an_llm_response_is_a_response_of_its_own(servers: 
     assert await server.finishes(second) == 1
 
 
+def test_without_pipecat_the_import_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    monkeypatch.delitem(sys.modules, "respcoord.pipecat")
+    monkeypatch.setitem(sys.modules, "pipecat.frames.frames", None)
+    with pytest.raises(ImportError, match=r'pip install "respcoord\[pipecat\]"'):
+        importlib.import_module("respcoord.pipecat")
+
+
 async def test_two_pipelines_in_two_processes(servers: Servers) -> None:
     """The example: gateway A (this test's child) streams TTS audio, gateway
     B (A's child, another process) barges in or answers; A's output stops."""
