@@ -10,10 +10,19 @@ import os
 import random
 import socket
 import urllib.request
+from collections import Counter
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import grpc
+
+from respcoord.v1 import coordinator_pb2 as pb
+from respcoord.v1 import coordinator_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from respcoord.v1.coordinator_pb2_grpc import ResponseCoordinatorAsyncStub
 
 _T = TypeVar("_T")
 
@@ -191,3 +200,49 @@ def percentile(sorted_values: list[float], p: float) -> float:
 def rng(seed: int) -> random.Random:
     """A seeded generator, so a failing round can be replayed."""
     return random.Random(seed)
+
+
+class Recording:
+    """A raw watch-all, positioned before the first round, counting the
+    started and ended events of sessions with a prefix."""
+
+    def __init__(self, target: str, prefix: str, expected_ends: int) -> None:
+        self._channel = grpc.aio.insecure_channel(target)
+        self._stub = cast(
+            "ResponseCoordinatorAsyncStub", pb_grpc.ResponseCoordinatorStub(self._channel)
+        )
+        self._prefix = prefix
+        self._expected = expected_ends
+        self.started: Counter[int] = Counter()
+        self.ended: Counter[int] = Counter()
+        self.all_ended = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        listed = await self._stub.ListSessions(pb.ListSessionsRequest(page_size=1))
+        call = self._stub.Watch(pb.WatchRequest(session_id="", after_seq=listed.seq))
+        await call.initial_metadata()
+        self._task = asyncio.create_task(self._follow(call))
+
+    async def _follow(
+        self, call: grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.WatchResponse]
+    ) -> None:
+        try:
+            async for message in call:
+                for event in message.events:
+                    if not event.session_id.startswith(self._prefix):
+                        continue
+                    kind = event.WhichOneof("kind")
+                    if kind == "started":
+                        self.started[event.started.response_id] += 1
+                    elif kind == "ended":
+                        self.ended[event.ended.response_id] += 1
+                        if sum(self.ended.values()) == self._expected:
+                            self.all_ended.set()
+        finally:
+            self.all_ended.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await self._channel.close(None)
