@@ -60,36 +60,36 @@ def _control_character(value: str) -> str | None:
     return None
 
 
+def _nonempty_str(field: str, value: object, limit: int, empty: str) -> str:
+    """``value`` as a non-empty str of at most ``limit`` UTF-8 bytes, or
+    :class:`InvalidArgument` naming ``field`` (``empty`` says what to do
+    instead of sending an empty one)."""
+    if not isinstance(value, str):
+        raise InvalidArgument(field, "must be a str")
+    if not value:
+        raise InvalidArgument(field, empty)
+    size = len(value.encode("utf-8"))
+    if size > limit:
+        raise InvalidArgument(field, f"is {size} bytes, longer than the limit of {limit}")
+    return value
+
+
 def validate_session_id(session_id: object) -> str:
     """Refuses a session id the coordinator would refuse, naming the field."""
-    if not isinstance(session_id, str):
-        raise InvalidArgument("session_id", "must be a str")
-    if not session_id:
-        raise InvalidArgument("session_id", "must not be empty")
-    size = len(session_id.encode("utf-8"))
-    if size > MAX_SESSION_ID_BYTES:
-        raise InvalidArgument(
-            "session_id",
-            f"is {size} bytes, longer than the limit of {MAX_SESSION_ID_BYTES}",
-        )
-    control = _control_character(session_id)
+    valid = _nonempty_str("session_id", session_id, MAX_SESSION_ID_BYTES, "must not be empty")
+    control = _control_character(valid)
     if control is not None:
         raise InvalidArgument("session_id", f"contains the control character U+{ord(control):04X}")
-    return session_id
+    return valid
 
 
 def _validate_request_id(request_id: object) -> str:
-    if not isinstance(request_id, str):
-        raise InvalidArgument("request_id", "must be a str")
-    if not request_id:
-        raise InvalidArgument("request_id", "must not be empty (omit it to have one generated)")
-    size = len(request_id.encode("utf-8"))
-    if size > MAX_REQUEST_ID_BYTES:
-        raise InvalidArgument(
-            "request_id",
-            f"is {size} bytes, longer than the limit of {MAX_REQUEST_ID_BYTES}",
-        )
-    return request_id
+    return _nonempty_str(
+        "request_id",
+        request_id,
+        MAX_REQUEST_ID_BYTES,
+        "must not be empty (omit it to have one generated)",
+    )
 
 
 def _validate_source(source: object) -> Source:
