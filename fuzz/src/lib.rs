@@ -19,6 +19,7 @@
 
 use prost::Message;
 use respcoord::{
+    auth::Authenticator,
     grpc::{CoordinatorService, WatchSettings},
     ids::{RequestId, SessionId},
     machine::{FinishStatus, Source},
@@ -27,7 +28,7 @@ use respcoord::{
     session::SessionSnapshot,
 };
 use tokio_util::sync::CancellationToken;
-use tonic::{Code, Request, Response, Status};
+use tonic::{service::Interceptor, Code, Request, Response, Status};
 
 /// Seqs (and so response ids) start just above this.
 pub const BASE_SEQ: u64 = 1000;
@@ -47,6 +48,16 @@ struct Observed {
     sessions: Vec<SessionSnapshot>,
     published_seq: u64,
     session_count: usize,
+}
+
+/// `message` as the server's interceptor passes it on (authentication
+/// off): the service refuses a call that did not go through it.
+fn intercepted<T>(message: T) -> Request<T> {
+    let passed = Authenticator::new(None)
+        .call(Request::new(()))
+        .expect("auth off lets every call in");
+    let (metadata, extensions, ()) = passed.into_parts();
+    Request::from_parts(metadata, extensions, message)
 }
 
 struct World {
@@ -222,7 +233,7 @@ pub fn start(data: &[u8]) {
     let replay = id == ACTIVE && request.request_id == REQUEST_ID;
     let result = world
         .runtime
-        .block_on(world.service.start(Request::new(request)));
+        .block_on(world.service.start(intercepted(request)));
     let mut allowed = vec![];
     if id == TERMINATED {
         allowed.push(Code::FailedPrecondition);
@@ -270,7 +281,7 @@ pub fn finish(data: &[u8]) {
     let applies = id == ACTIVE && request.response_id == ACTIVE_RESPONSE;
     let result = world
         .runtime
-        .block_on(world.service.finish(Request::new(request)));
+        .block_on(world.service.finish(intercepted(request)));
     world.judge(&result, &invalid, &[], &not_found_unless_known(&world, &id));
     if let Ok(reply) = result {
         let reply = reply.into_inner();
@@ -301,7 +312,7 @@ pub fn cancel(data: &[u8]) {
     let cancels = id == ACTIVE && matches!(request.if_response_id, 0 | ACTIVE_RESPONSE);
     let result = world
         .runtime
-        .block_on(world.service.cancel(Request::new(request)));
+        .block_on(world.service.cancel(intercepted(request)));
     world.judge(&result, &invalid, &[], &not_found_unless_known(&world, &id));
     if let Ok(reply) = result {
         let reply = reply.into_inner();
@@ -326,7 +337,7 @@ pub fn shutdown(data: &[u8]) {
     let id = request.session_id.clone();
     let result = world
         .runtime
-        .block_on(world.service.shutdown(Request::new(request)));
+        .block_on(world.service.shutdown(intercepted(request)));
     let allowed = if creation_refused(&world, &id) {
         vec![Code::ResourceExhausted]
     } else {
@@ -358,7 +369,7 @@ pub fn get_state(data: &[u8]) {
     let id = request.session_id.clone();
     let result = world
         .runtime
-        .block_on(world.service.get_state(Request::new(request)));
+        .block_on(world.service.get_state(intercepted(request)));
     world.judge(&result, &invalid, &[], &not_found_unless_known(&world, &id));
     if let Ok(reply) = result {
         let state = reply.into_inner().state.expect("state is always set");
@@ -394,7 +405,7 @@ pub fn list_sessions(data: &[u8]) {
     let first_page = request.page_token.is_empty();
     let result = world
         .runtime
-        .block_on(world.service.list_sessions(Request::new(request)));
+        .block_on(world.service.list_sessions(intercepted(request)));
     world.judge(&result, &[], unsure, &[]);
     if let Ok(reply) = result {
         let reply = reply.into_inner();
@@ -439,7 +450,7 @@ pub fn watch(data: &[u8]) {
     };
     let result = world
         .runtime
-        .block_on(world.service.watch(Request::new(request)));
+        .block_on(world.service.watch(intercepted(request)));
     world.judge(&result, &invalid, &[], &allowed);
     if result.is_ok() {
         assert_eq!(
