@@ -67,7 +67,9 @@
 //! Binaries: `respcoord` (src/main.rs); `respcoord-bench`
 //! (src/bin/respcoord-bench/: `main.rs`, one file per command, `servers.rs`
 //! for the in-process empty and respcoord servers, `measure.rs` for the CPU
-//! and RSS probes and the statistics; docs/performance.md); `respcoordctl`.
+//! and RSS probes and the statistics; docs/performance.md); `respcoordctl`
+//! (src/bin/respcoordctl/: `main.rs` the commands, `output.rs` the text and
+//! JSON printing).
 
 pub mod auth;
 pub mod backend;
