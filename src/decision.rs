@@ -5,6 +5,7 @@
 //! under its shard lock, the NATS backend under its compare-and-set loop, and
 //! both carry out its effects (publish, store, count) in their own way.
 
+pub use crate::session::Stamp;
 use crate::{
     error::CoordError,
     event::Change,
@@ -29,8 +30,6 @@ pub enum Room {
     Available,
     Full { max: usize },
 }
-
-pub use crate::session::Stamp;
 
 /// What a call answers, whichever call it was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
