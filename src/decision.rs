@@ -63,8 +63,6 @@ pub struct Decision {
     pub state: SessionSnapshot,
     /// The call created the session (the backend stores the fresh record).
     pub created: bool,
-    /// A replay: the session was only touched.
-    pub replayed: bool,
     /// The phase before the call (for the session counts).
     pub before: Phase,
     /// The events it emitted; empty when the machine changed nothing.
@@ -72,6 +70,12 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// A replay: the first answer to an earlier Start with the same request
+    /// id; the session was only touched.
+    pub fn replayed(&self) -> bool {
+        matches!(self.reply, Reply::Started { replayed: true, .. })
+    }
+
     /// Whether the session record changed beyond the touch: it must be
     /// written (NATS) or was created (memory: stored).
     pub fn changed(&self) -> bool {
@@ -115,7 +119,6 @@ pub fn decide(
             },
             state: session.snapshot(id),
             created,
-            replayed: true,
             before,
             change: Change {
                 first_revision: session.revision() + 1,
@@ -129,7 +132,6 @@ pub fn decide(
         reply: reply_of(outcome),
         state: session.snapshot(id),
         created,
-        replayed: false,
         before,
         change,
     };
@@ -213,7 +215,6 @@ pub fn decide_expiry(
                 reply: reply_of(outcome),
                 state: session.snapshot(id),
                 created: false,
-                replayed: false,
                 before,
                 change,
             };

@@ -141,7 +141,7 @@ impl CoordStats {
         if decision.created {
             self.sessions.idle += 1;
         }
-        if decision.replayed {
+        if decision.replayed() {
             self.replays += 1;
         }
         let before = if decision.created {

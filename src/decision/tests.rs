@@ -106,7 +106,7 @@ fn the_stamp_is_taken_only_when_the_machine_runs() {
         0,
     )
     .unwrap();
-    assert!(replay.replayed && !replay.changed());
+    assert!(replay.replayed() && !replay.changed());
     assert_eq!(
         replay.reply,
         Reply::Started {
