@@ -316,6 +316,9 @@ impl Inner {
         value: bytes::Bytes,
         expected: u64,
     ) -> Result<Option<u64>, CoordError> {
+        if crate::shared::faults::unguarded_writes() {
+            return self.kv.put(key, value).await.map(Some).map_err(unavailable);
+        }
         match self.kv.update(key, value, expected).await {
             Ok(revision) => Ok(Some(revision)),
             Err(error) if error.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),

@@ -73,9 +73,51 @@ impl Clock {
 
     /// Wall time for event stamps (and the NATS backend's deadlines).
     pub(crate) fn unix_nanos() -> i64 {
-        SystemTime::now()
+        let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        nanos.saturating_add(faults::clock_offset_nanos())
+    }
+}
+
+/// Faults a test build injects into a real process (feature
+/// `fault-injection`, tests/faults.rs): a replica whose wall clock runs
+/// ahead or behind, a backend whose compare-and-set guard is off (the broken
+/// build the history checker must catch). Read once from the environment;
+/// a build without the feature has none of it.
+#[cfg(feature = "fault-injection")]
+pub(crate) mod faults {
+    use std::sync::OnceLock;
+
+    /// `RESPCOORD_FAULT_CLOCK_OFFSET_MS`: added to every wall-clock reading.
+    pub(crate) fn clock_offset_nanos() -> i64 {
+        static OFFSET: OnceLock<i64> = OnceLock::new();
+        *OFFSET.get_or_init(|| {
+            std::env::var("RESPCOORD_FAULT_CLOCK_OFFSET_MS")
+                .ok()
+                .and_then(|ms| ms.trim().parse::<i64>().ok())
+                .map_or(0, |ms| ms.saturating_mul(1_000_000))
+        })
+    }
+
+    /// `RESPCOORD_FAULT_UNGUARDED_WRITES=1`: the NATS backend writes without
+    /// compare-and-set (last writer wins).
+    pub(crate) fn unguarded_writes() -> bool {
+        static UNGUARDED: OnceLock<bool> = OnceLock::new();
+        *UNGUARDED.get_or_init(|| {
+            std::env::var("RESPCOORD_FAULT_UNGUARDED_WRITES").is_ok_and(|v| v == "1")
+        })
+    }
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub(crate) mod faults {
+    pub(crate) const fn clock_offset_nanos() -> i64 {
+        0
+    }
+
+    pub(crate) const fn unguarded_writes() -> bool {
+        false
     }
 }
 
