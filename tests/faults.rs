@@ -6,4 +6,5 @@
 //! replica's watch recording against the contract's invariants.
 #![allow(dead_code)] // filled in by the harness and the checker
 
+#[path = "faults/history.rs"]
 mod history;
