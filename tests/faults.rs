@@ -6,4 +6,9 @@
 //! replica's watch recording against the contract's invariants.
 #![allow(dead_code)] // filled in by the harness and the checker
 
+#[path = "faults/history.rs"]
 mod history;
+#[path = "faults/linearizability.rs"]
+mod linearizability;
+#[path = "faults/watch_check.rs"]
+mod watch_check;
