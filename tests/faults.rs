@@ -8,3 +8,13 @@
 
 #[path = "faults/history.rs"]
 mod history;
+#[path = "faults/linearizability.rs"]
+mod linearizability;
+#[path = "faults/report.rs"]
+mod report;
+#[path = "faults/shrink.rs"]
+mod shrink;
+#[path = "faults/watch_check.rs"]
+mod watch_check;
+#[path = "faults/wgl.rs"]
+mod wgl;
