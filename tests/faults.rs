@@ -8,14 +8,26 @@
 
 #[path = "faults/cluster.rs"]
 mod cluster;
+#[path = "faults/deposed.rs"]
+mod deposed;
 #[path = "faults/history.rs"]
 mod history;
 #[path = "faults/linearizability.rs"]
 mod linearizability;
 #[path = "faults/netns.rs"]
 mod netns;
+#[path = "faults/report.rs"]
+mod report;
+#[path = "faults/run.rs"]
+mod run;
+#[path = "faults/schedules.rs"]
+mod schedules;
 #[path = "faults/watch_check.rs"]
 mod watch_check;
+#[path = "faults/workload.rs"]
+mod workload;
+
+use std::{future::Future, sync::Mutex};
 
 /// The server binary Cargo built for this test run (with `fault-injection`).
 pub const RESPCOORD_BIN: &str = env!("CARGO_BIN_EXE_respcoord");
@@ -42,33 +54,103 @@ fn environment() -> Result<String, String> {
     }
 }
 
-#[test]
-fn topology_smoke() {
+/// One run at a time: each starts three NATS nodes and up to three
+/// replicas on a two-core machine, and their timing is what is under test.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs `schedule` on its own runtime, or prints why it cannot run here.
+fn run<F, Fut>(schedule: F) -> Option<report::Report>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = report::Report>,
+{
     let binary = match environment() {
         Ok(binary) => binary,
         Err(reason) => {
             eprintln!("skipped: {reason}");
-            return;
+            return None;
         }
     };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     netns::delete_stale();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    runtime.block_on(async {
-        let began = std::time::Instant::now();
-        let mut c = cluster::Cluster::start(&binary, vec![Default::default(); 3])
-            .await
-            .expect("cluster");
-        eprintln!("serving after {:?}", began.elapsed());
-        let leader = c
-            .settled_leader(0, std::time::Duration::from_secs(20))
-            .await;
-        eprintln!("leader {leader:?} after {:?}", began.elapsed());
-        c.cut_replica_from_nats(1);
-        eprintln!("cut: {:?}", c.net.cut());
-        c.heal();
-    });
+    Some(runtime.block_on(schedule(binary)))
+}
+
+/// A schedule's run must show no violation and lose nothing acknowledged.
+fn clean<F, Fut>(schedule: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = report::Report>,
+{
+    let Some(report) = run(schedule) else {
+        return;
+    };
+    assert!(
+        report.violations.is_empty() && report.lost.is_empty(),
+        "schedule {}: {} violation(s), {} acknowledged transition(s) lost (report above)",
+        report.schedule,
+        report.violations.len(),
+        report.lost.len()
+    );
+}
+
+#[test]
+fn a_replica_cut_from_every_nats_node() {
+    clean(|nats| async move { schedules::replica_cut_from_nats(&nats).await });
+}
+
+#[test]
+fn a_nats_minority_node_cut_from_its_peers() {
+    clean(|nats| async move { schedules::nats_minority_node_cut(&nats).await });
+}
+
+#[test]
+fn a_clean_majority_minority_split() {
+    clean(|nats| async move { schedules::majority_minority_split(&nats).await });
+}
+
+#[test]
+fn a_replica_paused_mid_load() {
+    clean(|nats| async move { schedules::replica_paused(&nats).await });
+}
+
+#[test]
+fn the_stream_leader_paused() {
+    clean(|nats| async move { schedules::stream_leader_paused(&nats).await });
+}
+
+#[test]
+fn the_stream_leader_killed_and_restarted() {
+    clean(|nats| async move { schedules::stream_leader_killed(&nats).await });
+}
+
+#[test]
+fn replica_clocks_skewed_both_ways() {
+    clean(|nats| async move { schedules::clock_skew(&nats).await });
+}
+
+#[test]
+fn a_deposed_stream_leader_serves_no_stale_answer() {
+    clean(|nats| async move { deposed::deposed_leader(&nats).await });
+}
+
+#[test]
+fn the_checker_rejects_a_build_without_compare_and_set() {
+    let Some(report) = run(|nats| async move { schedules::broken_build(&nats).await }) else {
+        return;
+    };
+    assert!(
+        !report.violations.is_empty(),
+        "with compare-and-set off, a contended run passed every check: the checks cannot \
+         catch a lost update (report above)"
+    );
+    eprintln!(
+        "as it must, the checks rejected the build without compare-and-set: {}",
+        report.violations[0].lines().next().unwrap_or_default()
+    );
 }

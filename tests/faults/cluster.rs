@@ -350,6 +350,15 @@ impl Cluster {
             .await
     }
 
+    /// Replica `r` started afresh with `spec` (which nodes it dials, what
+    /// faults it runs with), once it serves.
+    pub async fn respawn_replica(&mut self, r: usize, spec: ReplicaSpec) -> Result<(), String> {
+        self.replicas[r].proc = None;
+        self.replicas[r].spec = spec;
+        self.start_replica_until_serving(r, Instant::now() + READY)
+            .await
+    }
+
     fn replica_proc(&self, r: usize) -> &Proc {
         self.replicas[r]
             .proc

@@ -1,0 +1,218 @@
+//! The deposed-leader regression (issue 15's stale reads), reproduced on
+//! purpose rather than by luck: replica B reaches only the stream leader L,
+//! replica A only the other two nodes. L's routes are cut and held down
+//! until the majority has elected a new leader (polled through a majority
+//! node); then a Start is written through A and, as soon as it is
+//! acknowledged, GetState and Finish of the new response go through B.
+//! Served from L's stale copy, they would answer without A's write: a
+//! GetState that does not show the new response, a Finish answered
+//! `applied=false` for the live response. The checker must find each such
+//! answer; the harness counts them itself too.
+
+use std::time::{Duration, Instant};
+
+use crate::{
+    cluster::{ReplicaSpec, NODES},
+    history::{Answer, Call, Outcome},
+    netns::Host,
+    report::Report,
+    run::Run,
+    workload::Conn,
+};
+
+const SESSIONS: usize = 4;
+/// How long the cut is held at most while waiting for the new leader.
+const ELECTION: Duration = Duration::from_secs(30);
+/// How long after the election the writes and stale reads go on.
+const PROBING: Duration = Duration::from_secs(5);
+
+/// Client ids of the two probes in the history.
+const CLIENT_A: usize = 0;
+const CLIENT_B: usize = 1;
+
+struct Probe<'a> {
+    run: &'a Run,
+    a: Conn,
+    b: Conn,
+    calls: u64,
+}
+
+impl Probe<'_> {
+    async fn send(&mut self, through_b: bool, session: &str, call: Call) -> Outcome {
+        let (client, replica, conn) = if through_b {
+            (CLIENT_B, 1, &self.b)
+        } else {
+            (CLIENT_A, 0, &self.a)
+        };
+        let pending = self
+            .run
+            .recorder
+            .invoke(client, replica, session, call.clone());
+        let outcome = conn.perform(session, &call).await;
+        pending.complete(outcome.clone());
+        outcome
+    }
+
+    async fn start_through_a(&mut self, session: &str) -> Option<u64> {
+        self.calls += 1;
+        let call = Call::Start {
+            request_id: Some(format!("a-{}", self.calls)),
+        };
+        match self.send(false, session, call).await {
+            Outcome::Ok(Answer::Started { response, .. }) => Some(response),
+            _ => None,
+        }
+    }
+}
+
+pub async fn deposed_leader(nats: &str) -> Report {
+    let mut run = Run::prepare("deposed-leader", nats, vec![ReplicaSpec::default(); 2]).await;
+    let leader = run
+        .cluster
+        .settled_leader(0, Duration::from_secs(20))
+        .await
+        .expect("a stream leader with current followers");
+    let majority: Vec<usize> = (0..NODES).filter(|&i| i != leader).collect();
+    // A dials the majority only, B the leader only; the links they are not
+    // to use are cut as well, so neither can wander.
+    let a = ReplicaSpec {
+        nodes: majority.clone(),
+        ..ReplicaSpec::default()
+    };
+    let b = ReplicaSpec {
+        nodes: vec![leader],
+        ..ReplicaSpec::default()
+    };
+    run.cluster
+        .net
+        .set(Host::Replica(0), Host::Nats(leader), false);
+    for &i in &majority {
+        run.cluster.net.set(Host::Replica(1), Host::Nats(i), false);
+    }
+    run.cluster.respawn_replica(0, a).await.expect("replica A");
+    run.cluster.respawn_replica(1, b).await.expect("replica B");
+    run.fault(format!(
+        "replica A (r0) on n{} and n{} only; replica B (r1) on n{leader} (stream leader) only",
+        majority[0], majority[1]
+    ));
+    run.record().await;
+    let mut probe = Probe {
+        run: &run,
+        a: Conn::new(0, &run.cluster.endpoint(0)),
+        b: Conn::new(1, &run.cluster.endpoint(1)),
+        calls: 0,
+    };
+    let sessions: Vec<String> = (0..SESSIONS).map(|k| format!("deposed-{k}")).collect();
+    for session in &sessions {
+        let response = probe.start_through_a(session).await;
+        assert!(
+            response.is_some(),
+            "a Start through A before the cut failed"
+        );
+        // B agrees while the cluster is whole.
+        probe.send(true, session, Call::GetState).await;
+    }
+    drop(probe);
+
+    run.cluster.cut_node_routes(leader);
+    run.fault(format!(
+        "n{leader} (stream leader) cut from n{} and n{}",
+        majority[0], majority[1]
+    ));
+    let cut_at = Instant::now();
+    let elected = loop {
+        if let Some((Some(new), _)) = run.cluster.stream_view(majority[0]).await {
+            if new != leader {
+                break Some(new);
+            }
+        }
+        if cut_at.elapsed() > ELECTION {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let Some(new_leader) = elected else {
+        run.note(format!(
+            "no new leader within {ELECTION:?} of the cut: nothing probed"
+        ));
+        return run.finish().await;
+    };
+    let election = cut_at.elapsed();
+    let old_view = run.cluster.stream_view(leader).await.map(|(l, _)| l);
+    run.fault(format!(
+        "n{new_leader} elected after {:.1} s; n{leader} itself then reported leader {old_view:?}",
+        election.as_secs_f64()
+    ));
+
+    let mut probe = Probe {
+        run: &run,
+        a: Conn::new(0, &run.cluster.endpoint(0)),
+        b: Conn::new(1, &run.cluster.endpoint(1)),
+        calls: 100,
+    };
+    let (mut writes, mut reads, mut stale_reads, mut finishes, mut stale_finishes) =
+        (0, 0, 0, 0, 0);
+    let mut examples = Vec::new();
+    let probing = Instant::now();
+    'probing: while probing.elapsed() < PROBING {
+        for session in &sessions {
+            let Some(response) = probe.start_through_a(session).await else {
+                continue;
+            };
+            writes += 1;
+            let state = probe.send(true, session, Call::GetState).await;
+            if let Outcome::Ok(Answer::State {
+                active, revision, ..
+            }) = &state
+            {
+                reads += 1;
+                if *active != Some(response) {
+                    stale_reads += 1;
+                    examples.push(format!(
+                        "{session}: B's GetState showed active {active:?} at revision {revision} \
+                         after A's Start of {response} was acknowledged"
+                    ));
+                }
+            }
+            let finish = Call::Finish {
+                response: Some(response),
+            };
+            if let Outcome::Ok(Answer::Finished { applied }) =
+                probe.send(true, session, finish).await
+            {
+                finishes += 1;
+                if !applied {
+                    stale_finishes += 1;
+                    examples.push(format!(
+                        "{session}: B answered Finish({response}) applied=false; A's Start of it \
+                         was acknowledged before"
+                    ));
+                }
+            }
+            if probing.elapsed() >= PROBING {
+                break 'probing;
+            }
+        }
+    }
+    let old_view_after = run.cluster.stream_view(leader).await.map(|(l, _)| l);
+    drop(probe);
+    run.note(format!(
+        "probed {:.1} s after the election: {writes} Starts through A; through B {reads} GetStates \
+         answered ({stale_reads} stale), {finishes} Finishes answered ({stale_finishes} stale); \
+         n{leader} then reported leader {old_view_after:?}",
+        probing.elapsed().as_secs_f64()
+    ));
+    for example in examples.iter().take(6) {
+        run.note(format!("  stale: {example}"));
+    }
+    run.cluster.heal();
+    run.fault("healed");
+    let mut report = run.finish().await;
+    if stale_reads + stale_finishes > 0 {
+        report.violations.push(format!(
+            "the harness's own count: {stale_reads} GetStates and {stale_finishes} Finishes \
+             through B answered without a write A had acknowledged before they were sent"
+        ));
+    }
+    report
+}
