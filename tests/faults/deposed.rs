@@ -24,7 +24,7 @@ const SESSIONS: usize = 4;
 /// How long the cut is held at most while waiting for the new leader.
 const ELECTION: Duration = Duration::from_secs(30);
 /// How long after the election the writes and stale reads go on.
-const PROBING: Duration = Duration::from_secs(5);
+const PROBING: Duration = Duration::from_secs(3);
 
 /// Client ids of the two probes in the history.
 const CLIENT_A: usize = 0;
@@ -138,7 +138,7 @@ pub async fn deposed_leader(nats: &str) -> Report {
         return run.finish().await;
     };
     let election = cut_at.elapsed();
-    let old_view = run.cluster.stream_view(leader).await.map(|(l, _)| l);
+    let old_view = run.cluster.stream_view(leader).await.and_then(|(l, _)| l);
     run.fault(format!(
         "n{new_leader} elected after {:.1} s; n{leader} itself then reported leader {old_view:?}",
         election.as_secs_f64()
@@ -194,7 +194,7 @@ pub async fn deposed_leader(nats: &str) -> Report {
             }
         }
     }
-    let old_view_after = run.cluster.stream_view(leader).await.map(|(l, _)| l);
+    let old_view_after = run.cluster.stream_view(leader).await.and_then(|(l, _)| l);
     drop(probe);
     run.note(format!(
         "probed {:.1} s after the election: {writes} Starts through A; through B {reads} GetStates \

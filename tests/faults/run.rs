@@ -42,14 +42,14 @@ pub enum Paused {
 }
 
 /// The default load: two clients per replica (one on the library, one raw)
-/// on three hot sessions.
+/// on eight hot sessions.
 pub fn default_spec(name: &str, replicas: usize, seed: u64) -> Spec {
     Spec {
         clients: 2 * replicas,
-        slots: 3,
+        slots: 8,
         prefix: name.to_owned(),
         replicas: (0..replicas).collect(),
-        think_ms: (10, 30),
+        think_ms: (30, 70),
         seed,
     }
 }
