@@ -10,6 +10,8 @@
 mod cluster;
 #[path = "faults/deposed.rs"]
 mod deposed;
+#[path = "faults/figures.rs"]
+mod figures;
 #[path = "faults/history.rs"]
 mod history;
 #[path = "faults/linearizability.rs"]
@@ -22,8 +24,12 @@ mod report;
 mod run;
 #[path = "faults/schedules.rs"]
 mod schedules;
+#[path = "faults/shrink.rs"]
+mod shrink;
 #[path = "faults/watch_check.rs"]
 mod watch_check;
+#[path = "faults/wgl.rs"]
+mod wgl;
 #[path = "faults/workload.rs"]
 mod workload;
 
@@ -59,10 +65,10 @@ fn environment() -> Result<String, String> {
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Runs `schedule` on its own runtime, or prints why it cannot run here.
-fn run<F, Fut>(schedule: F) -> Option<report::Report>
+fn run<F, Fut>(schedule: F) -> Option<figures::Report>
 where
     F: FnOnce(String) -> Fut,
-    Fut: Future<Output = report::Report>,
+    Fut: Future<Output = figures::Report>,
 {
     let binary = match environment() {
         Ok(binary) => binary,
@@ -85,7 +91,7 @@ where
 fn clean<F, Fut>(schedule: F)
 where
     F: FnOnce(String) -> Fut,
-    Fut: Future<Output = report::Report>,
+    Fut: Future<Output = figures::Report>,
 {
     let Some(report) = run(schedule) else {
         return;

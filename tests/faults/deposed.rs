@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use crate::{
     cluster::{ReplicaSpec, NODES},
+    figures::Report,
     history::{Answer, Call, Outcome},
     netns::Host,
-    report::Report,
     run::Run,
     workload::Conn,
 };

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use crate::{
     cluster::{Cluster, ReplicaSpec},
+    figures::{self, Report},
     history::{Answer, Call, EventKind, Outcome, Recorder},
     linearizability::check_linearizable,
-    report::{self, Report},
     watch_check::{check_watches, Recording},
     workload::{Conn, Load, Spec, WatchRecorder},
 };
@@ -219,7 +219,7 @@ impl Run {
             Ok(Err(violation)) => violations.push(violation.to_string()),
             Err(panic) => violations.push(format!("the watch checker panicked: {panic}")),
         }
-        let falling = report::falling_ids(&recordings);
+        let falling = figures::falling_ids(&recordings);
         if !falling.is_empty() {
             violations.push(format!(
                 "response ids do not rise within a session ({}), e.g.:\n{}",
@@ -242,11 +242,11 @@ impl Run {
         let report = Report {
             schedule: self.name.clone(),
             ops: ops.len(),
-            counts: report::counts(&ops),
+            counts: figures::counts(&ops),
             faults: std::mem::take(&mut self.faults),
             violations,
-            lost: report::lost_transitions(&ops, &recordings),
-            outage: report::longest_outage(&ops),
+            lost: figures::lost_transitions(&ops, &recordings),
+            outage: figures::longest_outage(&ops),
             events: recordings.iter().map(|r| r.events.len()).collect(),
             wall: self.began.elapsed(),
             notes: std::mem::take(&mut self.notes),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::{
     cluster::{ReplicaSpec, NODES},
-    report::Report,
+    figures::Report,
     run::{default_spec, Paused, Run},
 };
 
