@@ -25,6 +25,8 @@ const SESSIONS: usize = 4;
 const ELECTION: Duration = Duration::from_secs(30);
 /// How long after the election the writes and stale reads go on.
 const PROBING: Duration = Duration::from_secs(3);
+/// The pause between probing rounds (one Start per session each).
+const ROUND: Duration = Duration::from_millis(150);
 
 /// Client ids of the two probes in the history.
 const CLIENT_A: usize = 0;
@@ -193,6 +195,10 @@ pub async fn deposed_leader(nats: &str) -> Report {
                 break 'probing;
             }
         }
+        // Few enough writes per session that A's follower, which may be
+        // stalled while JetStream re-elects, does not outrun the per-key
+        // history (64) and end its watches.
+        tokio::time::sleep(ROUND).await;
     }
     let old_view_after = run.cluster.stream_view(leader).await.and_then(|(l, _)| l);
     drop(probe);

@@ -202,7 +202,17 @@ impl Run {
         for watcher in std::mem::take(&mut self.watchers) {
             let (recording, why) = watcher.stop().await;
             if !why.is_empty() {
-                reopened.push(format!("r{}: {}", recording.replica, why.join("; ")));
+                let more = why.len().saturating_sub(3);
+                let mut text = format!(
+                    "r{} {}x: {}",
+                    recording.replica,
+                    why.len(),
+                    why[..why.len().min(3)].join("; ")
+                );
+                if more > 0 {
+                    text += &format!("; and {more} more");
+                }
+                reopened.push(text);
             }
             recordings.push(recording);
         }
