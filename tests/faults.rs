@@ -6,6 +6,8 @@
 //! replica's watch recording against the contract's invariants.
 #![allow(dead_code)] // filled in by the harness and the checker
 
+#[path = "faults/chaos.rs"]
+mod chaos;
 #[path = "faults/cluster.rs"]
 mod cluster;
 #[path = "faults/deposed.rs"]
@@ -159,4 +161,26 @@ fn the_checker_rejects_a_build_without_compare_and_set() {
         "as it must, the checks rejected the build without compare-and-set: {}",
         report.violations[0].lines().next().unwrap_or_default()
     );
+}
+
+/// The soak (`scripts/chaos.sh --minutes N --seed S`): a randomized
+/// schedule of every fault above for `RESPCOORD_CHAOS_MINUTES` (default 1)
+/// from `RESPCOORD_CHAOS_SEED` (default: the clock, printed), one verdict.
+#[test]
+#[ignore = "a long soak: scripts/chaos.sh runs it"]
+fn chaos_soak() {
+    let minutes = std::env::var("RESPCOORD_CHAOS_MINUTES")
+        .ok()
+        .and_then(|m| m.parse::<u64>().ok())
+        .unwrap_or(1);
+    let seed = std::env::var("RESPCOORD_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_secs())
+        });
+    eprintln!("chaos soak: {minutes} min, seed {seed} (RESPCOORD_CHAOS_SEED={seed} reproduces it)");
+    clean(|nats| async move { chaos::soak(&nats, minutes, seed).await });
 }
