@@ -160,7 +160,7 @@ pub enum Conn {
 impl Conn {
     /// Even clients use the library, odd ones the raw stubs.
     pub fn new(client: usize, endpoint: &str) -> Self {
-        if client % 2 == 0 {
+        if client.is_multiple_of(2) {
             let mut options = ConnectOptions::new(endpoint).with_retry(RetryPolicy {
                 attempt_timeout: CALL_DEADLINE,
                 deadline: CALL_DEADLINE,
