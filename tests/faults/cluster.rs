@@ -88,6 +88,9 @@ pub struct Cluster {
     pub dir: PathBuf,
     pub bucket: String,
     nats_server: String,
+    /// Keep the run's directory (logs, stores) when it is dropped: the run
+    /// found something.
+    pub keep: bool,
 }
 
 /// The nats-server for the cluster: `RESPCOORD_TEST_CLUSTER_NATS_SERVER`
@@ -141,6 +144,7 @@ impl Cluster {
             dir,
             bucket,
             nats_server: nats_server.to_owned(),
+            keep: false,
         };
         for i in 0..NODES {
             let config = cluster.write_node_config(i)?;
@@ -503,7 +507,10 @@ impl Drop for Cluster {
         for node in &mut self.nodes {
             node.proc = None;
         }
-        if std::thread::panicking() || std::env::var_os("RESPCOORD_TEST_KEEP_NATS").is_some() {
+        if self.keep
+            || std::thread::panicking()
+            || std::env::var_os("RESPCOORD_TEST_KEEP_NATS").is_some()
+        {
             eprintln!("logs and stores of this run kept in {}", self.dir.display());
         } else {
             let _ = fs::remove_dir_all(&self.dir);

@@ -249,6 +249,7 @@ impl Run {
         self.notes.push(format!(
             "process starts: nats {node_starts:?}, replicas {replica_starts:?}"
         ));
+        self.cluster.keep = !violations.is_empty();
         let report = Report {
             schedule: self.name.clone(),
             ops: ops.len(),
