@@ -26,6 +26,8 @@ use crate::netns::{Host, Net};
 pub const NODES: usize = 3;
 const CLIENT_PORT: u16 = 4222;
 const ROUTE_PORT: u16 = 6222;
+/// nats-server's monitoring port (`/connz`: which replica dials which node).
+const MONITOR_PORT: u16 = 8222;
 pub const GRPC_PORT: u16 = 50051;
 /// The cluster must have formed and a replica created the bucket within it.
 const READY: Duration = Duration::from_secs(40);
@@ -178,6 +180,7 @@ impl Cluster {
         let config = format!(
             "server_name: n{i}\n\
              listen: \"0.0.0.0:{CLIENT_PORT}\"\n\
+             http: \"0.0.0.0:{MONITOR_PORT}\"\n\
              log_file: \"{log}\"\n\
              jetstream {{ store_dir: \"{store}\" }}\n\
              cluster {{\n  name: faults\n  listen: \"0.0.0.0:{ROUTE_PORT}\"\n  \
@@ -458,6 +461,25 @@ impl Cluster {
         }
     }
 
+    /// Which node each replica's NATS connection is on, from the nodes'
+    /// `/connz` (a replica's connection comes from its address on that link).
+    pub async fn connections(&self) -> Vec<Vec<usize>> {
+        let mut on = vec![Vec::new(); self.replicas.len()];
+        for i in 0..NODES {
+            let addr = SocketAddr::from((self.net.addr(Host::Test, Host::Nats(i)), MONITOR_PORT));
+            let Some(body) = http_get(addr, "/connz?limit=1024").await else {
+                continue;
+            };
+            for (r, nodes) in on.iter_mut().enumerate() {
+                let ip = self.net.addr(Host::Nats(i), Host::Replica(r));
+                if body.contains(&format!("\"{ip}\"")) {
+                    nodes.push(i);
+                }
+            }
+        }
+        on
+    }
+
     /// Replica `r`'s address as the test dials it.
     pub fn replica_addr(&self, r: usize) -> SocketAddr {
         let ip: Ipv4Addr = self.net.addr(Host::Test, Host::Replica(r));
@@ -470,6 +492,24 @@ impl Cluster {
             self.replicas.iter().map(|r| r.starts).collect(),
         )
     }
+}
+
+/// A plain HTTP/1.0 GET's body, or `None` if the server did not answer in
+/// time.
+async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let get = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.ok()?;
+        Some(String::from_utf8_lossy(&response).into_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(2), get)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Whether a replica answers: a GetState of a session nobody made is

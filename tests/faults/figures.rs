@@ -91,6 +91,16 @@ pub fn longest_outage(ops: &[Op]) -> Outage {
     longest
 }
 
+/// The longest outage of any client of each replica.
+pub fn outage_per_replica(ops: &[Op], replicas: usize) -> Vec<Duration> {
+    (0..replicas)
+        .map(|r| {
+            let mine: Vec<Op> = ops.iter().filter(|op| op.replica == r).cloned().collect();
+            longest_outage(&mine).length
+        })
+        .collect()
+}
+
 /// A transition some client was told happened.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Acked {
@@ -222,6 +232,8 @@ pub struct Report {
     pub violations: Vec<String>,
     pub lost: Vec<String>,
     pub outage: Outage,
+    /// The longest outage per replica.
+    pub outages: Vec<Duration>,
     pub events: Vec<usize>,
     pub wall: Duration,
     /// Anything else the schedule wants said (its own measurements).
@@ -262,6 +274,17 @@ impl fmt::Display for Report {
             self.outage.client,
             self.outage.replica,
             self.outage.from.as_secs_f64()
+        )?;
+        let per_replica: Vec<String> = self
+            .outages
+            .iter()
+            .enumerate()
+            .map(|(r, d)| format!("r{r} {:.2} s", d.as_secs_f64()))
+            .collect();
+        writeln!(
+            f,
+            "   longest unavailability per replica: {}",
+            per_replica.join(", ")
         )?;
         for note in &self.notes {
             writeln!(f, "   {note}")?;

@@ -106,6 +106,28 @@ impl Run {
             .map(|r| self.cluster.endpoint(r))
             .collect();
         self.load = Some(Load::start(&self.spec, &endpoints, &self.recorder));
+        self.note_connections("at the start").await;
+    }
+
+    /// Notes which NATS node each replica's connection is on.
+    pub async fn note_connections(&mut self, when: &str) {
+        let on = self.cluster.connections().await;
+        let text: Vec<String> = on
+            .iter()
+            .enumerate()
+            .map(|(r, nodes)| {
+                let nodes: Vec<String> = nodes.iter().map(|i| format!("n{i}")).collect();
+                format!(
+                    "r{r}->{}",
+                    if nodes.is_empty() {
+                        "none".into()
+                    } else {
+                        nodes.join("+")
+                    }
+                )
+            })
+            .collect();
+        self.note(format!("NATS connections {when}: {}", text.join(", ")));
     }
 
     /// Notes a fault (or heal) with its time in the run.
@@ -174,6 +196,7 @@ impl Run {
             }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+        self.note_connections("after the heal").await;
         if let Some(load) = self.load.take() {
             load.stop().await;
         }
@@ -258,6 +281,7 @@ impl Run {
             violations,
             lost: figures::lost_transitions(&ops, &recordings),
             outage: figures::longest_outage(&ops),
+            outages: figures::outage_per_replica(&ops, self.cluster.replicas()),
             events: recordings.iter().map(|r| r.events.len()).collect(),
             wall: self.began.elapsed(),
             notes: std::mem::take(&mut self.notes),
