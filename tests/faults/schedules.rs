@@ -3,11 +3,15 @@
 //! (`run.rs` checks it). A few seconds of fault each, so all of them fit in
 //! about two minutes.
 
-use std::time::Duration;
+use std::{
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
 
 use crate::{
     cluster::{ReplicaSpec, NODES},
     figures::Report,
+    history::{Answer, Op, Outcome},
     run::{default_spec, Paused, Run},
 };
 
@@ -155,7 +159,38 @@ pub async fn clock_skew(nats: &str) -> Report {
     run.fault("clocks: r0 +4 s, r1 -4 s, r2 +0 (from the start)");
     run.load(None).await;
     sleep(Duration::from_secs(7)).await;
+    let minted = minted_after_last(&run.recorder.ops(), run.cluster.replicas());
+    run.note(format!(
+        "Starts per replica whose id is the session's previous id + 1 (its clock was behind \
+         the session's last id): {minted:?}"
+    ));
     run.finish().await
+}
+
+/// Per replica: acknowledged, fresh Starts whose response id is exactly
+/// one above another acknowledged id of the session, i.e. minted as
+/// `last + 1` rather than from the replica's own clock.
+fn minted_after_last(ops: &[Op], replicas: usize) -> Vec<usize> {
+    let mut ids: HashMap<&str, HashSet<u64>> = HashMap::new();
+    for op in ops {
+        if let Outcome::Ok(Answer::Started { response, .. }) = &op.outcome {
+            ids.entry(&op.session).or_default().insert(*response);
+        }
+    }
+    let mut minted = vec![0; replicas];
+    for op in ops {
+        if let Outcome::Ok(Answer::Started {
+            response,
+            replayed: false,
+            ..
+        }) = &op.outcome
+        {
+            if ids[op.session.as_str()].contains(&(response - 1)) {
+                minted[op.replica] += 1;
+            }
+        }
+    }
+    minted
 }
 
 /// The broken build: compare-and-set off on every replica, a short
