@@ -31,6 +31,8 @@ pub struct Run {
     spec: Spec,
     faults: Vec<String>,
     notes: Vec<String>,
+    /// Findings of the schedule's own checks, reported with the run's.
+    findings: Vec<String>,
     /// Faults the run injected that its end must undo (a paused process).
     paused: Vec<Paused>,
 }
@@ -72,6 +74,7 @@ impl Run {
             spec,
             faults: Vec::new(),
             notes: Vec::new(),
+            findings: Vec::new(),
             paused: Vec::new(),
         };
         eprintln!(
@@ -138,6 +141,11 @@ impl Run {
         self.faults.push(format!("t={at:.1} s: {what}"));
     }
 
+    /// A violation the schedule's own check found.
+    pub fn finding(&mut self, what: impl Into<String>) {
+        self.findings.push(what.into());
+    }
+
     pub fn note(&mut self, what: impl Into<String>) {
         let what = what.into();
         eprintln!("[{}] {what}", self.name);
@@ -180,7 +188,7 @@ impl Run {
             self.cluster.heal();
             self.fault("healed every link");
         }
-        let mut violations = Vec::new();
+        let mut violations = std::mem::take(&mut self.findings);
         // Every replica answers again: the load keeps running meanwhile,
         // so the outage figures include the recovery.
         let deadline = Instant::now() + QUIET;
