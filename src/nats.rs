@@ -29,6 +29,7 @@ mod expiry;
 mod follow;
 mod locks;
 mod mirror;
+mod quorum;
 mod setup;
 mod watch;
 #[cfg(test)]
@@ -45,7 +46,7 @@ use async_nats::jetstream::{
 };
 use tokio_util::sync::CancellationToken;
 
-use self::{cache::EntryCache, locks::KeyedLocks};
+use self::{cache::EntryCache, locks::KeyedLocks, quorum::QuorumPoints};
 use crate::{
     decision::{self, Changed, Decision, ExpiryDecision, Presence, Reply, Room, Stamp, Started},
     error::CoordError,
@@ -70,6 +71,11 @@ const LIST_CATCH_UP: Duration = Duration::from_secs(10);
 /// Entries this replica remembers having written (see `EntryCache`).
 const ENTRY_CACHE_CAPACITY: usize = 65_536;
 
+/// The key quorum points are written to (see `Inner::quorum_point`): not a
+/// session key, so the follower only counts it as progress; one key for
+/// every replica, so the bucket's per-key history bounds what it keeps.
+const QUORUM_POINT_KEY: &str = "quorum.point";
+
 /// A replica of the NATS-backed coordinator: cheap to clone.
 #[derive(Clone)]
 pub struct NatsCoordinator {
@@ -88,11 +94,19 @@ struct Inner {
     /// was not written never expires early.
     ttls: Ttls,
     touch_interval: Millis,
+    /// How long a call waits for this replica's mirror to reach a quorum
+    /// point before it is answered UNAVAILABLE.
+    catch_up: Duration,
+    quorum_points: Arc<QuorumPoints>,
     /// Transitions this replica applied, for the metrics.
     stats: Mutex<CoordStats>,
     /// Names this replica in the expirer lease.
     replica: String,
     follower: CancellationToken,
+    /// Test seam: the next read of a key returns this older revision, as a
+    /// deposed stream leader would (`call_tests`).
+    #[cfg(test)]
+    stale_reads: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl Drop for Inner {
@@ -168,6 +182,17 @@ impl NatsCoordinator {
             follower.clone(),
         ));
         let touch_interval = (millis(config.idle_ttl) / 8).clamp(1, 60_000);
+        let quorum_points = QuorumPoints::new({
+            let kv = kv.clone();
+            Arc::new(move || {
+                let kv = kv.clone();
+                Box::pin(async move {
+                    kv.put(QUORUM_POINT_KEY, bytes::Bytes::new())
+                        .await
+                        .map_err(|error| error.to_string())
+                })
+            })
+        });
         Ok(Self {
             inner: Arc::new(Inner {
                 kv,
@@ -180,6 +205,8 @@ impl NatsCoordinator {
                     tombstone: millis(config.tombstone_ttl),
                 },
                 touch_interval,
+                catch_up: settings.request_timeout,
+                quorum_points,
                 config,
                 stats: Mutex::default(),
                 replica: format!(
@@ -187,6 +214,8 @@ impl NatsCoordinator {
                     Clock::unix_nanos() as u64 ^ u64::from(std::process::id())
                 ),
                 follower,
+                #[cfg(test)]
+                stale_reads: std::sync::Mutex::default(),
             }),
         })
     }
@@ -230,27 +259,24 @@ impl NatsCoordinator {
         Ok(self.inner.call(id, &call).await?.cancelled())
     }
 
-    /// GetState: read from the stream leader, so it sees every acknowledged
-    /// write. Counts as a call for idle expiry (a touch is written when the
-    /// stored one is older than the touch interval).
+    /// GetState: answered from this replica's mirror once it has reached a
+    /// quorum point written after the call arrived, so it sees every
+    /// acknowledged write. Counts as a call for idle expiry (a touch is
+    /// written when the stored one is older than the touch interval).
     pub async fn state(&self, id: &SessionId) -> Result<SessionSnapshot, CoordError> {
         self.inner.touch(id).await
     }
 
-    /// ListSessions from this replica's mirror, after it has caught up with
-    /// everything the bucket held when the call arrived (so a client sees
-    /// its own acknowledged writes), in session id order.
+    /// ListSessions from this replica's mirror, after it has reached a
+    /// quorum point written after the call arrived (so a client sees every
+    /// acknowledged write), in session id order.
     pub async fn list(
         &self,
         scope: &SessionScope,
         page_size: usize,
         after: Option<SessionId>,
     ) -> Result<SessionPage, CoordError> {
-        let info = self.inner.stream.get_info().await.map_err(unavailable)?;
-        let target = info.state.last_sequence;
-        tokio::time::timeout(LIST_CATCH_UP, self.inner.mirror.caught_up_to(target))
-            .await
-            .map_err(|_| unavailable("this replica's view of the bucket is behind; retry"))?;
+        self.inner.quorum_point(LIST_CATCH_UP).await?;
         let (sessions, next, seq) = self
             .inner
             .mirror
@@ -290,7 +316,19 @@ impl NatsCoordinator {
 
 impl Inner {
     async fn read(&self, id: &SessionId, key: &str) -> Result<Read, CoordError> {
-        match self.kv.entry(key).await.map_err(unavailable)? {
+        #[cfg(test)]
+        let stale = self
+            .stale_reads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+        #[cfg(not(test))]
+        let stale = None;
+        let stored = match stale {
+            Some(revision) => self.kv.entry_for_revision(key, revision).await,
+            None => self.kv.entry(key).await,
+        };
+        match stored.map_err(unavailable)? {
             None => Ok(Read::Absent { revision: 0 }),
             Some(stored) if stored.operation != Operation::Put => Ok(Read::Absent {
                 revision: stored.revision,
@@ -306,6 +344,31 @@ impl Inner {
                 }),
             },
         }
+    }
+
+    /// A point in the bucket's history after this call arrived that a
+    /// quorum of JetStream nodes committed, with this replica's mirror caught
+    /// up to it: the mirror then holds every write acknowledged before the
+    /// call. It is a write because only a write proves its leader is still
+    /// the leader; a read, even from the stream leader, can be served by a
+    /// node a partition has already deposed (docs/cluster.md, "Consistency
+    /// each call gets"). Calls asking at once share one (`quorum`).
+    async fn quorum_point(&self, patience: Duration) -> Result<u64, CoordError> {
+        let point = self.quorum_points.point().await.map_err(unavailable)?;
+        tokio::time::timeout(patience, self.mirror.caught_up_to(point))
+            .await
+            .map_err(|_| unavailable("this replica's view of the bucket is behind; retry"))?;
+        Ok(point)
+    }
+
+    /// Whether the entry an answer that writes nothing was decided on (its
+    /// KV revision; `None` for an absent session) was still the key's
+    /// latest at a quorum point after the call arrived: then the answer is
+    /// linearizable at that point. A stale read (a deposed leader's, or this
+    /// replica's cache) is not, and the call is decided again.
+    async fn confirmed(&self, id: &SessionId, read: Option<u64>) -> Result<bool, CoordError> {
+        self.quorum_point(self.catch_up).await?;
+        Ok(self.mirror.known(id).map(|known| known.stored_at) == read)
     }
 
     /// Writes `value` if the key is still at `expected`: the new revision,
@@ -334,14 +397,19 @@ impl Inner {
         let key = entry::key(id);
         // The entry this replica last wrote saves the read: a write against
         // it that succeeds proves it was current. An answer that writes
-        // nothing proves nothing, so it is always recomputed from a fresh read.
+        // nothing proves nothing by itself, so it stands only once confirmed
+        // at a quorum point (`confirmed`), else it is decided again from a
+        // fresh read.
         let mut cached = self.cache.take(id);
         for _ in 0..MAX_ATTEMPTS {
             let now = unix_millis();
-            let from_cache = cached.is_some();
             let read = match cached.take() {
                 Some((revision, entry)) => Read::Live { revision, entry },
                 None => self.read(id, &key).await?,
+            };
+            let read_revision = match &read {
+                Read::Live { revision, .. } => Some(*revision),
+                Read::Absent { .. } => None,
             };
             let (expected, mut session, last_response, stored_since, presence) = match read {
                 Read::Live { revision, entry } => {
@@ -373,7 +441,13 @@ impl Inner {
                 unix_nanos: nanos,
                 new_response: mint(last_response, nanos),
             };
-            let decision = decision::decide(&mut session, presence, id, call, now, stamp, 0)?;
+            let decision = match decision::decide(&mut session, presence, id, call, now, stamp, 0) {
+                Ok(decision) => decision,
+                // A refusal (not found, terminated, full) is an answer that
+                // writes nothing too.
+                Err(refusal) if self.confirmed(id, read_revision).await? => return Err(refusal),
+                Err(_) => continue,
+            };
             let last_response = match decision.reply {
                 Reply::Started {
                     response,
@@ -385,11 +459,11 @@ impl Inner {
             let touch_due =
                 stored_since.is_some_and(|since| now.saturating_sub(since) >= self.touch_interval);
             if !decision.changed() && !touch_due {
-                if from_cache {
-                    continue;
+                if self.confirmed(id, read_revision).await? {
+                    self.count(call, &decision);
+                    return Ok(decision);
                 }
-                self.count(call, &decision);
-                return Ok(decision);
+                continue;
             }
             let persisted = session.persisted();
             let kinds = decision.change.kinds.to_vec();
@@ -412,11 +486,25 @@ impl Inner {
     /// GetState's read, with the touch it counts as.
     async fn touch(&self, id: &SessionId) -> Result<SessionSnapshot, CoordError> {
         let _serialized = self.locks.lock(id).await;
+        self.quorum_point(self.catch_up).await?;
+        if let Some(known) = self.mirror.known(id) {
+            let touch_due = known.phase != Phase::Terminated
+                && unix_millis().saturating_sub(known.since) >= self.touch_interval;
+            if !touch_due {
+                return Ok(known.snapshot(id));
+            }
+        }
+        // A touch is due, or the mirror holds nothing (absent, or an entry
+        // the follower could not read): the bucket decides. The touch is a
+        // compare-and-set write, which validates its read.
         let key = entry::key(id);
         for _ in 0..MAX_ATTEMPTS {
             let (revision, entry) = match self.read(id, &key).await? {
                 Read::Live { revision, entry } => (revision, entry),
-                Read::Absent { .. } => return Err(CoordError::SessionNotFound(id.clone())),
+                Read::Absent { .. } if self.confirmed(id, None).await? => {
+                    return Err(CoordError::SessionNotFound(id.clone()))
+                }
+                Read::Absent { .. } => continue,
             };
             let now = unix_millis();
             let touch_due = entry.persisted.phase != Phase::Terminated
@@ -424,7 +512,12 @@ impl Inner {
             let mut session = Session::from_persisted(entry.persisted);
             let snapshot = session.snapshot(id);
             if !touch_due {
-                return Ok(snapshot);
+                // Someone touched it since the mirror's view; the read
+                // stands only if confirmed, like any answer without a write.
+                if self.confirmed(id, Some(revision)).await? {
+                    return Ok(snapshot);
+                }
+                continue;
             }
             session.touch(now);
             let persisted = session.persisted();

@@ -213,14 +213,19 @@ struct Acknowledged {
 
 /// Whether a failed call is the kind a gateway retries on another replica.
 fn retryable(status: &tonic::Status) -> bool {
-    matches!(
-        status.code(),
-        Code::Unavailable
-            | Code::Aborted
-            | Code::Cancelled
-            | Code::Unknown
-            | Code::DeadlineExceeded
-    )
+    // A replica killed mid-call ends its HTTP/2 connection with a GOAWAY,
+    // which tonic reports as INTERNAL with the transport error as source.
+    let transport_lost = status.code() == Code::Internal
+        && std::error::Error::source(status).is_some_and(|e| e.is::<tonic::transport::Error>());
+    transport_lost
+        || matches!(
+            status.code(),
+            Code::Unavailable
+                | Code::Aborted
+                | Code::Cancelled
+                | Code::Unknown
+                | Code::DeadlineExceeded
+        )
 }
 
 /// A gateway that talks to `endpoints[0]` and fails over to the next

@@ -1,9 +1,74 @@
 //! The NATS backend's call path against a real bucket, where it differs from
 //! the shared decision's own tests (`decision/tests.rs`): what it does with
-//! a stored entry it cannot read. Needs NATS as `watch_tests` does.
+//! a stored entry it cannot read, and with a read a deposed stream leader
+//! served (stale). Needs NATS as `watch_tests` does.
 
-use super::{entry, watch_tests::coordinator, watch_tests::nats_available};
-use crate::{error::CoordError, ids::SessionId, machine::Source, registry::RegistryConfig};
+use std::sync::PoisonError;
+
+use super::{entry, watch_tests::coordinator, watch_tests::nats_available, NatsCoordinator};
+use crate::{
+    error::CoordError,
+    ids::SessionId,
+    machine::{FinishStatus, Phase, Source},
+    registry::RegistryConfig,
+};
+
+/// Makes the coordinator's next read of `id` return the entry as it was at
+/// KV revision `revision` and forget what it wrote, as if a partition had
+/// deposed the stream leader that serves its reads.
+fn serve_stale_read(c: &NatsCoordinator, id: &SessionId, revision: u64) {
+    c.inner.cache.take(id);
+    c.inner
+        .stale_reads
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(entry::key(id), revision);
+}
+
+async fn kv_revision(c: &NatsCoordinator, id: &SessionId) -> u64 {
+    c.inner
+        .kv
+        .entry(entry::key(id))
+        .await
+        .unwrap()
+        .expect("stored")
+        .revision
+}
+
+#[tokio::test]
+async fn an_answer_that_writes_nothing_is_not_given_from_a_stale_read() {
+    if !nats_available().await {
+        return;
+    }
+    let c = coordinator(8, RegistryConfig::default()).await;
+    let id = SessionId::parse("stale-read").unwrap();
+    let first = c.start(&id, Source::Client, None).await.unwrap();
+    let before_second = kv_revision(&c, &id).await;
+    let second = c.start(&id, Source::Client, None).await.unwrap();
+    assert_eq!(second.superseded, Some(first.response));
+
+    // Read stale (first live), Finish(second) would be a no-op answered
+    // applied=false: a gateway would stop a response that is still live.
+    serve_stale_read(&c, &id, before_second);
+    let finished = c
+        .finish(&id, Some(second.response), FinishStatus::Completed)
+        .await
+        .unwrap();
+    assert!(
+        finished.result,
+        "decided on the acknowledged state, not the stale read"
+    );
+
+    // A stale read that would write (cancel the first response, live in it)
+    // is refused by compare-and-set and decided again on the latest state,
+    // where nothing is live.
+    serve_stale_read(&c, &id, before_second);
+    let cancelled = c.cancel(&id, Some(first.response)).await.unwrap();
+    assert_eq!(cancelled.result, None);
+    let state = c.state(&id).await.unwrap();
+    assert_eq!(state.phase, Phase::Idle);
+    assert_eq!(state.responses_started, 2);
+}
 
 #[tokio::test]
 async fn an_unreadable_entry_is_data_loss_naming_the_session_and_is_left_alone() {

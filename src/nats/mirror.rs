@@ -41,10 +41,13 @@ pub struct Known {
     pub responses_started: u64,
     /// Unix milliseconds (see the entry's `since_unix_ms`).
     pub since: Millis,
+    /// The stream sequence of the key's last message (its KV revision, a
+    /// touch included): what a quorum-confirmed read compares its read with.
+    pub stored_at: u64,
 }
 
 impl Known {
-    fn snapshot(&self, id: &SessionId) -> SessionSnapshot {
+    pub(super) fn snapshot(&self, id: &SessionId) -> SessionSnapshot {
         SessionSnapshot {
             session_id: id.clone(),
             phase: self.phase,
@@ -132,6 +135,7 @@ impl MirrorState {
             revision,
             responses_started: entry.persisted.responses_started,
             since: entry.persisted.since,
+            stored_at: stream_seq,
         };
         if let Some(old) = self.sessions.insert(id, known) {
             self.count(old.phase, -1);
@@ -208,6 +212,11 @@ impl Mirror {
 
     pub fn session_count(&self) -> usize {
         self.lock().sessions.len()
+    }
+
+    /// What this mirror knows of one session now; `None` if absent.
+    pub fn known(&self, id: &SessionId) -> Option<Known> {
+        self.lock().sessions.get(id).copied()
     }
 
     pub fn counts(&self) -> PhaseCounts {
