@@ -20,7 +20,7 @@ use crate::{
     workload::Conn,
 };
 
-const SESSIONS: usize = 4;
+const SESSIONS: usize = 12;
 /// How long the cut is held at most while waiting for the new leader.
 const ELECTION: Duration = Duration::from_secs(30);
 /// How long after the election the writes and stale reads go on.
@@ -64,6 +64,125 @@ impl Probe<'_> {
             Outcome::Ok(Answer::Started { response, .. }) => Some(response),
             _ => None,
         }
+    }
+}
+
+/// What the probe chains saw through B.
+#[derive(Default)]
+struct Tally {
+    writes: usize,
+    reads: usize,
+    stale_reads: usize,
+    finishes: usize,
+    stale_finishes: usize,
+    examples: Vec<String>,
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.writes += other.writes;
+        self.reads += other.reads;
+        self.stale_reads += other.stale_reads;
+        self.finishes += other.finishes;
+        self.stale_finishes += other.stale_finishes;
+        self.examples.extend(other.examples);
+    }
+}
+
+/// One session's probing, in rounds: a Start through A, and once it is
+/// acknowledged a GetState and a Finish of the new response through B, at
+/// once (each its own client in the history). Nothing else touches the
+/// session meanwhile, so after A's acknowledgement the only states are
+/// "the new response live" and (after B's Finish) "idle": a GetState
+/// showing any other response, or the Finish answered `applied=false`, is
+/// stale.
+struct Chain {
+    recorder: crate::history::Recorder,
+    a: Conn,
+    b: Conn,
+    session: String,
+    client: usize,
+}
+
+impl Chain {
+    async fn send(
+        recorder: &crate::history::Recorder,
+        conn: &Conn,
+        (client, replica): (usize, usize),
+        session: &str,
+        call: Call,
+    ) -> Outcome {
+        let pending = recorder.invoke(client, replica, session, call.clone());
+        let outcome = conn.perform(session, &call).await;
+        pending.complete(outcome.clone());
+        outcome
+    }
+
+    async fn run(self) -> Tally {
+        let mut tally = Tally::default();
+        let began = Instant::now();
+        let mut round = 0;
+        let session = self.session.as_str();
+        while began.elapsed() < PROBING {
+            round += 1;
+            let start = Call::Start {
+                request_id: Some(format!("{session}-probe-{round}")),
+            };
+            let started =
+                Self::send(&self.recorder, &self.a, (self.client, 0), session, start).await;
+            let Outcome::Ok(Answer::Started { response, .. }) = started else {
+                tokio::time::sleep(ROUND).await;
+                continue;
+            };
+            tally.writes += 1;
+            let finish = Call::Finish {
+                response: Some(response),
+            };
+            let (state, finished) = tokio::join!(
+                Self::send(
+                    &self.recorder,
+                    &self.b,
+                    (self.client + 1, 1),
+                    session,
+                    Call::GetState
+                ),
+                Self::send(
+                    &self.recorder,
+                    &self.b,
+                    (self.client + 2, 1),
+                    session,
+                    finish
+                ),
+            );
+            if let Outcome::Ok(Answer::State {
+                active, revision, ..
+            }) = state
+            {
+                tally.reads += 1;
+                if active.is_some_and(|id| id != response) {
+                    tally.stale_reads += 1;
+                    tally.examples.push(format!(
+                        "{session}: B's GetState showed active {active:?} at revision {revision} \
+                         after A's Start of {response} was acknowledged"
+                    ));
+                }
+            }
+            if let Outcome::Ok(Answer::Finished { applied }) = finished {
+                tally.finishes += 1;
+                if !applied {
+                    tally.stale_finishes += 1;
+                    tally.examples.push(format!(
+                        "{session}: B answered Finish({response}) applied=false; A's Start of it \
+                         was acknowledged before"
+                    ));
+                }
+            }
+            // Few enough writes per session that A's follower, which may be
+            // stalled while JetStream re-elects, does not outrun the per-key
+            // history (64) and end its watches.
+            tokio::time::sleep(ROUND).await;
+        }
+        tally
     }
 }
 
@@ -146,62 +265,36 @@ pub async fn deposed_leader(nats: &str) -> Report {
         election.as_secs_f64()
     ));
 
-    let mut probe = Probe {
-        run: &run,
-        a: Conn::new(0, &run.cluster.endpoint(0)),
-        b: Conn::new(1, &run.cluster.endpoint(1)),
-        calls: 100,
-    };
-    let (mut writes, mut reads, mut stale_reads, mut finishes, mut stale_finishes) =
-        (0, 0, 0, 0, 0);
-    let mut examples = Vec::new();
+    let a = Conn::new(0, &run.cluster.endpoint(0));
+    let b = Conn::new(1, &run.cluster.endpoint(1));
+    let chains: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(k, session)| {
+            let chain = Chain {
+                recorder: run.recorder.clone(),
+                a: a.clone(),
+                b: b.clone(),
+                session: session.clone(),
+                client: 10 * (k + 1),
+            };
+            tokio::spawn(chain.run())
+        })
+        .collect();
     let probing = Instant::now();
-    'probing: while probing.elapsed() < PROBING {
-        for session in &sessions {
-            let Some(response) = probe.start_through_a(session).await else {
-                continue;
-            };
-            writes += 1;
-            let state = probe.send(true, session, Call::GetState).await;
-            if let Outcome::Ok(Answer::State {
-                active, revision, ..
-            }) = &state
-            {
-                reads += 1;
-                if *active != Some(response) {
-                    stale_reads += 1;
-                    examples.push(format!(
-                        "{session}: B's GetState showed active {active:?} at revision {revision} \
-                         after A's Start of {response} was acknowledged"
-                    ));
-                }
-            }
-            let finish = Call::Finish {
-                response: Some(response),
-            };
-            if let Outcome::Ok(Answer::Finished { applied }) =
-                probe.send(true, session, finish).await
-            {
-                finishes += 1;
-                if !applied {
-                    stale_finishes += 1;
-                    examples.push(format!(
-                        "{session}: B answered Finish({response}) applied=false; A's Start of it \
-                         was acknowledged before"
-                    ));
-                }
-            }
-            if probing.elapsed() >= PROBING {
-                break 'probing;
-            }
-        }
-        // Few enough writes per session that A's follower, which may be
-        // stalled while JetStream re-elects, does not outrun the per-key
-        // history (64) and end its watches.
-        tokio::time::sleep(ROUND).await;
+    let mut tally = Tally::default();
+    for chain in chains {
+        tally.add(chain.await.expect("a probe chain"));
     }
+    let Tally {
+        writes,
+        reads,
+        stale_reads,
+        finishes,
+        stale_finishes,
+        examples,
+    } = tally;
     let old_view_after = run.cluster.stream_view(leader).await.and_then(|(l, _)| l);
-    drop(probe);
     run.note(format!(
         "probed {:.1} s after the election: {writes} Starts through A; through B {reads} GetStates \
          answered ({stale_reads} stale), {finishes} Finishes answered ({stale_finishes} stale); \
