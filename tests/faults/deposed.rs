@@ -76,6 +76,8 @@ struct Tally {
     finishes: usize,
     stale_finishes: usize,
     examples: Vec<String>,
+    /// How B's calls that got no answer ended.
+    unanswered: std::collections::BTreeMap<String, usize>,
 }
 
 impl Tally {
@@ -86,6 +88,9 @@ impl Tally {
         self.finishes += other.finishes;
         self.stale_finishes += other.stale_finishes;
         self.examples.extend(other.examples);
+        for (code, n) in other.unanswered {
+            *self.unanswered.entry(code).or_default() += n;
+        }
     }
 }
 
@@ -154,6 +159,11 @@ impl Chain {
                     finish
                 ),
             );
+            for outcome in [&state, &finished] {
+                if let Outcome::Unknown(code) | Outcome::Failed(code) = outcome {
+                    *tally.unanswered.entry(format!("{code:?}")).or_default() += 1;
+                }
+            }
             if let Outcome::Ok(Answer::State {
                 active, revision, ..
             }) = state
@@ -186,13 +196,51 @@ impl Chain {
     }
 }
 
+/// Steps the stream leader down until the stream and meta leaders are one
+/// node (a few tries; each new stream leader is one of two followers).
+async fn align_with_meta_leader(run: &mut Run, mut leader: usize) -> usize {
+    for _ in 0..8 {
+        let Some(meta) = run.cluster.meta_leader(leader).await else {
+            break;
+        };
+        if meta == leader {
+            run.note(format!(
+                "n{leader} leads both the stream and the JetStream meta group"
+            ));
+            return leader;
+        }
+        if let Err(error) = run.cluster.stream_leader_stepdown(meta).await {
+            run.note(format!("stream leader stepdown refused: {error}"));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        match run
+            .cluster
+            .settled_leader(meta, Duration::from_secs(20))
+            .await
+        {
+            Some(next) => leader = next,
+            None => break,
+        }
+    }
+    let meta = run.cluster.meta_leader(leader).await;
+    run.note(format!(
+        "could not put the stream leader on the meta leader: stream n{leader}, meta {meta:?}"
+    ));
+    leader
+}
+
 pub async fn deposed_leader(nats: &str) -> Report {
     let mut run = Run::prepare("deposed-leader", nats, vec![ReplicaSpec::default(); 2]).await;
-    let leader = run
+    let first = run
         .cluster
         .settled_leader(0, Duration::from_secs(20))
         .await
         .expect("a stream leader with current followers");
+    // The widest window, every run: the stream leader is also the meta
+    // leader, so once cut off it neither hears that it was deposed nor
+    // finds itself without a meta leader (a node that does answers reads
+    // "JetStream system temporarily unavailable" soon after the cut).
+    let leader = align_with_meta_leader(&mut run, first).await;
     let majority: Vec<usize> = (0..NODES).filter(|&i| i != leader).collect();
     // A dials the majority only, B the leader only; the links they are not
     // to use are cut as well, so neither can wander.
@@ -293,11 +341,12 @@ pub async fn deposed_leader(nats: &str) -> Report {
         finishes,
         stale_finishes,
         examples,
+        unanswered,
     } = tally;
     let old_view_after = run.cluster.stream_view(leader).await.and_then(|(l, _)| l);
     run.note(format!(
         "probed {:.1} s after the election: {writes} Starts through A; through B {reads} GetStates \
-         answered ({stale_reads} stale), {finishes} Finishes answered ({stale_finishes} stale); \
+         answered ({stale_reads} stale), {finishes} Finishes answered ({stale_finishes} stale), unanswered {unanswered:?}; \
          n{leader} then reported leader {old_view_after:?}",
         probing.elapsed().as_secs_f64()
     ));
