@@ -20,6 +20,8 @@ mod history;
 mod linearizability;
 #[path = "faults/netns.rs"]
 mod netns;
+#[path = "faults/observe.rs"]
+mod observe;
 #[path = "faults/report.rs"]
 mod report;
 #[path = "faults/run.rs"]
@@ -30,6 +32,8 @@ mod schedules;
 mod shrink;
 #[path = "faults/watch_check.rs"]
 mod watch_check;
+#[path = "faults/watching.rs"]
+mod watching;
 #[path = "faults/wgl.rs"]
 mod wgl;
 #[path = "faults/workload.rs"]

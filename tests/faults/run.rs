@@ -13,7 +13,8 @@ use crate::{
     history::{Answer, Call, EventKind, Outcome, Recorder},
     linearizability::check_linearizable,
     watch_check::{check_watches, Recording},
-    workload::{Conn, Load, Spec, WatchRecorder},
+    watching::WatchRecorder,
+    workload::{Conn, Load, Spec},
 };
 
 /// After the heal: every replica must answer again within this, and every
