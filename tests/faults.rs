@@ -45,7 +45,8 @@ use std::{future::Future, sync::Mutex};
 pub const RESPCOORD_BIN: &str = env!("CARGO_BIN_EXE_respcoord");
 
 /// The nats-server to run, or why the fault runs cannot run here (printed
-/// as "skipped: ..."; the test then passes vacuously).
+/// as "skipped: ..."; the test then passes vacuously, unless
+/// `RESPCOORD_FAULTS_REQUIRED` is set, as the test command sets it).
 fn environment() -> Result<String, String> {
     if let Some(reason) = netns::unavailable() {
         return Err(reason);
@@ -76,14 +77,17 @@ where
     F: FnOnce(String) -> Fut,
     Fut: Future<Output = figures::Report>,
 {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let binary = match environment() {
         Ok(binary) => binary,
+        Err(reason) if std::env::var_os("RESPCOORD_FAULTS_REQUIRED").is_some() => {
+            panic!("RESPCOORD_FAULTS_REQUIRED is set, but: {reason}")
+        }
         Err(reason) => {
             eprintln!("skipped: {reason}");
             return None;
         }
     };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     netns::delete_stale();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -195,7 +195,12 @@ pub fn unavailable() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("the fault runs need root (network namespaces)".into());
     }
-    let probe = format!("{NETNS_PREFIX}{}-probe", std::process::id());
+    static PROBE: AtomicU32 = AtomicU32::new(0);
+    let probe = format!(
+        "{NETNS_PREFIX}{}-probe{}",
+        std::process::id(),
+        PROBE.fetch_add(1, Ordering::Relaxed)
+    );
     if let Err(error) = ip(&["netns", "add", &probe]) {
         return Some(format!("`ip netns add` does not work here: {error}"));
     }
