@@ -50,16 +50,27 @@ pub async fn replica_cut_from_nats(nats: &str) -> Report {
 }
 
 /// A NATS follower loses its routes to the other two for 6 s; the replicas
-/// connected to it still reach it.
+/// connected to it (replica 0 at least) still reach it.
 pub async fn nats_minority_node_cut(nats: &str) -> Report {
     let mut run = Run::prepare("nats-minority", nats, replicas(3)).await;
     let leader = leader(&run, 0).await;
     let follower = (leader + 1) % NODES;
+    // Replica 0 dials only that follower, so some replica stays on the
+    // minority node whichever connections the others made.
+    let on_follower = ReplicaSpec {
+        nodes: vec![follower],
+        ..ReplicaSpec::default()
+    };
+    run.cluster
+        .respawn_replica(0, on_follower)
+        .await
+        .expect("replica 0 on the follower");
     run.load(None).await;
     sleep(WARM_UP).await;
     run.cluster.cut_node_routes(follower);
     run.fault(format!(
-        "n{follower} (a follower; stream leader n{leader}) cut from the other nodes"
+        "n{follower} (a follower; stream leader n{leader}; r0 dials only n{follower}) cut from \
+         the other nodes"
     ));
     sleep(Duration::from_secs(6)).await;
     run.cluster.heal();
