@@ -4,6 +4,24 @@
 //! sessions record every operation; each history is checked for
 //! linearizability against the sequential M3 specification and every
 //! replica's watch recording against the contract's invariants.
+//!
+//! `cargo test --features client,fault-injection --test faults` (as root:
+//! network namespaces). Layout: `netns.rs` the namespaces and links,
+//! `cluster.rs` the NATS nodes and replicas in them and the faults,
+//! `observe.rs` what the test asks NATS about itself, `workload.rs` the
+//! recorded clients, `watching.rs` the watch-all recorders, `run.rs` one run
+//! from start to verdict, `figures.rs` its figures, `schedules.rs` and
+//! `deposed.rs` the bounded schedules, `chaos.rs` the soak; the checker is
+//! `linearizability.rs` (with `wgl.rs`, `shrink.rs`), `watch_check.rs` and
+//! `report.rs`.
+//!
+//! Environment: `RESPCOORD_TEST_CLUSTER_NATS_SERVER` the nats-server 2.10
+//! binary (else the one scripts/nats-cluster-server.sh installed under
+//! target/); without root, `ip netns` or that binary each test prints
+//! "skipped: ..." and passes, unless `RESPCOORD_FAULTS_REQUIRED` is set;
+//! `RESPCOORD_TEST_KEEP_NATS` keeps every run's logs and stores (a run that
+//! found something keeps them anyway); `RESPCOORD_CHAOS_MINUTES` and
+//! `RESPCOORD_CHAOS_SEED` drive the ignored `chaos_soak` (scripts/chaos.sh).
 #![allow(dead_code)] // filled in by the harness and the checker
 
 #[path = "faults/chaos.rs"]

@@ -12,7 +12,6 @@
 
 use std::{
     fs,
-    net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
     process::{Child, Stdio},
     time::{Duration, Instant},
@@ -409,12 +408,6 @@ impl Cluster {
 
     pub fn heal(&mut self) {
         self.net.heal();
-    }
-
-    /// Replica `r`'s address as the test dials it.
-    pub fn replica_addr(&self, r: usize) -> SocketAddr {
-        let ip: Ipv4Addr = self.net.addr(Host::Test, Host::Replica(r));
-        SocketAddr::from((ip, GRPC_PORT))
     }
 
     pub fn starts(&self) -> (Vec<usize>, Vec<usize>) {

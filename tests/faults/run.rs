@@ -169,17 +169,6 @@ impl Run {
         self.paused.retain(|p| *p != what);
     }
 
-    /// Replaces replica `r`'s recorder after a restart: the old recording
-    /// ends (incomplete: it lacks whatever happened while the replica was
-    /// down) and a new one starts.
-    pub async fn reopen_watcher(&mut self, r: usize) {
-        let endpoint = self.cluster.endpoint(r);
-        let fresh = WatchRecorder::open(r, &endpoint)
-            .await
-            .unwrap_or_else(|e| panic!("watch-all on restarted r{r}: {e}"));
-        self.watchers.push(fresh);
-    }
-
     /// Heals, waits until quiet, checks; the report says what was found.
     pub async fn finish(mut self) -> Report {
         for paused in std::mem::take(&mut self.paused) {
