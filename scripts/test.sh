@@ -15,6 +15,12 @@ cargo test --locked --all-targets --features client "$@"
 # The whole end-to-end suite again, against the NATS JetStream backend.
 RESPCOORD_TEST_BACKEND=nats cargo test --locked --features client \
   --test e2e_semantics --test e2e_watch --test e2e_validation --test e2e_concurrency "$@"
+# Fault runs on a three-node NATS 2.10 cluster in network namespaces
+# (partitions, pauses, kills, clock skew), every history checked for
+# linearizability: a build with the test-only `fault-injection` feature,
+# which only this target uses (root for `ip netns`; skipped with a message
+# otherwise). The long randomized soak is scripts/chaos.sh.
+cargo test --locked --features client,fault-injection --test faults "$@"
 # The other languages' clients against the real server and the scenario
 # fixture (clients/scenarios/): the binaries they spawn, then each suite.
 cargo build --locked --features client --bin respcoord --example scenario_fixture

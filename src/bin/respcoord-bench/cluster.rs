@@ -1,6 +1,8 @@
 //! `respcoord-bench cluster`: the NATS backend's Start/Finish over gRPC
 //! against raw JetStream KV compare-and-set on the same server, same
-//! concurrency, in one run.
+//! concurrency, in one run; then GetState (a linearizable read: one shared
+//! quorum point, docs/cluster.md) against a raw KV read of the stream leader
+//! (which a deposed leader can serve stale).
 
 use std::{
     process::ExitCode,
@@ -139,6 +141,17 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         })
         .await
     };
+    let mut raw_reads = {
+        let kv = kv.clone();
+        drive(args.concurrency, args.duration, move |lane, n| {
+            let kv = kv.clone();
+            async move {
+                let slot = lane * per + (n as usize % per);
+                kv.entry(format!("k{slot}")).await.is_ok()
+            }
+        })
+        .await
+    };
     let _ = js.delete_key_value(&raw_bucket).await;
 
     // respcoord on a bucket of its own: Start, then Finish, per session.
@@ -184,6 +197,7 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         clients.push(Client::new(channel));
     }
     let clients = Arc::new(clients);
+    let reading = Arc::clone(&clients);
     let active: Arc<Vec<std::sync::atomic::AtomicU64>> = Arc::new(
         (0..keys)
             .map(|_| std::sync::atomic::AtomicU64::new(0))
@@ -222,6 +236,17 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         }
     })
     .await;
+    let mut states = drive(args.concurrency, args.duration, move |lane, n| {
+        let mut client = reading[lane].clone();
+        async move {
+            let slot = lane * per + (n as usize % per);
+            let request = pb::GetStateRequest {
+                session_id: format!("bench-{slot}"),
+            };
+            client.get_state(request).await.is_ok()
+        }
+    })
+    .await;
     for stop in stops {
         stop.cancel();
     }
@@ -233,6 +258,14 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         "ratio respcoord/raw: throughput {:.2}x, p99 {:.2}x",
         rate / raw_rate.max(1e-9),
         p99 as f64 / (raw_p99.max(1)) as f64
+    );
+    let (read_rate, read_p99) = raw_reads.print("raw KV read");
+    let (state_rate, state_p99) = states.print("respcoord GetState");
+    println!(
+        "ratio GetState/raw read: throughput {:.2}x, p99 {:.2}x; GetState/raw CAS: throughput {:.2}x",
+        state_rate / read_rate.max(1e-9),
+        state_p99 as f64 / (read_p99.max(1)) as f64,
+        state_rate / raw_rate.max(1e-9)
     );
     Ok(())
 }
