@@ -240,14 +240,14 @@ impl Run {
         let ops = self.recorder.ops();
         let watched: Vec<_> = recordings.iter().map(|r| r.events.clone()).collect();
         let checked = Instant::now();
-        match catch(|| check_linearizable(&ops, &watched)) {
+        match catch(|| check_linearizable(&ops, &watched).map_err(|v| v.to_string())) {
             Ok(Ok(stats)) => self.notes.push(format!("{stats}")),
-            Ok(Err(violation)) => violations.push(violation.to_string()),
+            Ok(Err(violation)) => violations.push(violation),
             Err(panic) => violations.push(format!("the linearizability checker panicked: {panic}")),
         }
-        match catch(|| check_watches(&ops, &recordings)) {
+        match catch(|| check_watches(&ops, &recordings).map_err(|v| v.to_string())) {
             Ok(Ok(stats)) => self.notes.push(format!("{stats}")),
-            Ok(Err(violation)) => violations.push(violation.to_string()),
+            Ok(Err(violation)) => violations.push(violation),
             Err(panic) => violations.push(format!("the watch checker panicked: {panic}")),
         }
         let falling = figures::falling_ids(&recordings);
