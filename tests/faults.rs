@@ -26,6 +26,8 @@
 
 #[path = "faults/chaos.rs"]
 mod chaos;
+#[path = "faults/checker_tests.rs"]
+mod checker_tests;
 #[path = "faults/cluster.rs"]
 mod cluster;
 #[path = "faults/deposed.rs"]
@@ -64,7 +66,7 @@ pub const RESPCOORD_BIN: &str = env!("CARGO_BIN_EXE_respcoord");
 
 /// The nats-server to run, or why the fault runs cannot run here (printed
 /// as "skipped: ..."; the test then passes vacuously, unless
-/// `RESPCOORD_FAULTS_REQUIRED` is set, as the test command sets it).
+/// `RESPCOORD_FAULTS_REQUIRED` is set, as CI sets it: .ci/run).
 fn environment() -> Result<String, String> {
     if let Some(reason) = netns::unavailable() {
         return Err(reason);
@@ -170,7 +172,25 @@ fn replica_clocks_skewed_both_ways() {
 
 #[test]
 fn a_deposed_stream_leader_serves_no_stale_answer() {
-    clean(|nats| async move { deposed::deposed_leader(&nats).await });
+    clean(|nats| async move { deposed::deposed_leader(&nats, false).await });
+}
+
+/// The same schedule against replica B built as before the fix: it must
+/// find the stale answers, or the schedule above proves nothing.
+#[test]
+fn the_checker_rejects_a_build_that_answers_unconfirmed_reads() {
+    let Some(report) = run(|nats| async move { deposed::deposed_leader(&nats, true).await }) else {
+        return;
+    };
+    assert!(
+        !report.violations.is_empty(),
+        "with reads unconfirmed, the deposed-leader schedule found no stale answer: it no \
+         longer opens the window it is there to test (report above)"
+    );
+    eprintln!(
+        "as it must, the checks rejected the build with unconfirmed reads: {}",
+        report.violations[0].lines().next().unwrap_or_default()
+    );
 }
 
 #[test]
