@@ -108,6 +108,15 @@ pub(crate) mod faults {
             std::env::var("RESPCOORD_FAULT_UNGUARDED_WRITES").is_ok_and(|v| v == "1")
         })
     }
+
+    /// `RESPCOORD_FAULT_UNCONFIRMED_READS=1`: the NATS backend answers what
+    /// it read without a quorum point (the stale-read bug of issue 15).
+    pub(crate) fn unconfirmed_reads() -> bool {
+        static UNCONFIRMED: OnceLock<bool> = OnceLock::new();
+        *UNCONFIRMED.get_or_init(|| {
+            std::env::var("RESPCOORD_FAULT_UNCONFIRMED_READS").is_ok_and(|v| v == "1")
+        })
+    }
 }
 
 #[cfg(not(feature = "fault-injection"))]
@@ -117,6 +126,10 @@ pub(crate) mod faults {
     }
 
     pub(crate) const fn unguarded_writes() -> bool {
+        false
+    }
+
+    pub(crate) const fn unconfirmed_reads() -> bool {
         false
     }
 }

@@ -66,6 +66,8 @@ pub struct ReplicaSpec {
     pub clock_offset_ms: i64,
     /// `RESPCOORD_FAULT_UNGUARDED_WRITES=1`.
     pub unguarded_writes: bool,
+    /// `RESPCOORD_FAULT_UNCONFIRMED_READS=1`.
+    pub unconfirmed_reads: bool,
 }
 
 struct Replica {
@@ -239,6 +241,7 @@ impl Cluster {
             .args(["--shutdown-grace", "1s", "--log", "respcoord=info"])
             .env_remove("RESPCOORD_FAULT_CLOCK_OFFSET_MS")
             .env_remove("RESPCOORD_FAULT_UNGUARDED_WRITES")
+            .env_remove("RESPCOORD_FAULT_UNCONFIRMED_READS")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -250,6 +253,9 @@ impl Cluster {
         }
         if spec.unguarded_writes {
             command.env("RESPCOORD_FAULT_UNGUARDED_WRITES", "1");
+        }
+        if spec.unconfirmed_reads {
+            command.env("RESPCOORD_FAULT_UNCONFIRMED_READS", "1");
         }
         let child = command
             .spawn()

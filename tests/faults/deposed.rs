@@ -229,8 +229,15 @@ async fn align_with_meta_leader(run: &mut Run, mut leader: usize) -> usize {
     leader
 }
 
-pub async fn deposed_leader(nats: &str) -> Report {
-    let mut run = Run::prepare("deposed-leader", nats, vec![ReplicaSpec::default(); 2]).await;
+/// `unconfirmed_reads` runs replica B as the build before the fix (answers
+/// without a quorum point): the schedule must then find stale answers.
+pub async fn deposed_leader(nats: &str, unconfirmed_reads: bool) -> Report {
+    let name = if unconfirmed_reads {
+        "deposed-leader-unconfirmed"
+    } else {
+        "deposed-leader"
+    };
+    let mut run = Run::prepare(name, nats, vec![ReplicaSpec::default(); 2]).await;
     let first = run
         .cluster
         .settled_leader(0, Duration::from_secs(20))
@@ -250,6 +257,7 @@ pub async fn deposed_leader(nats: &str) -> Report {
     };
     let b = ReplicaSpec {
         nodes: vec![leader],
+        unconfirmed_reads,
         ..ReplicaSpec::default()
     };
     run.cluster

@@ -112,7 +112,7 @@ impl fmt::Display for Violation {
 pub fn check_linearizable(
     ops: &[Op],
     watched: &[Vec<WatchedEvent>],
-) -> Result<LinearStats, Violation> {
+) -> Result<LinearStats, Box<Violation>> {
     let mut sessions: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
     for op in ops {
         sessions.entry(op.session.as_str()).or_default().push(op);
@@ -131,16 +131,16 @@ pub fn check_linearizable(
     }
     for (session, recorded) in sessions {
         let id = SessionId::parse(session).map_err(|error| {
-            Violation::new(
+            Box::new(Violation::new(
                 "linearizability",
                 Some(session),
                 format!("the history names an invalid session id ({error})"),
-            )
+            ))
         })?;
         let problem = Problem::new(id, recorded, watched);
         match wgl::search(&problem.id, &problem.ops, &Model::absent(), BUDGET) {
             Found::Linearizable { states } => stats.states += states,
-            Found::Not { .. } => return Err(shrink::explain(&problem)),
+            Found::Not { .. } => return Err(Box::new(shrink::explain(&problem))),
             Found::Budget { states } => {
                 let mut violation = Violation::new(
                     "linearizability",
@@ -151,7 +151,7 @@ pub fn check_linearizable(
                     ),
                 );
                 violation.ops = problem.recorded.iter().map(|op| (*op).clone()).collect();
-                return Err(violation);
+                return Err(Box::new(violation));
             }
         }
     }

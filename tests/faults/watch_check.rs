@@ -63,7 +63,7 @@ impl fmt::Display for WatchStats {
 
 /// Checks each recording on its own, the recordings against each other, and
 /// every acknowledged transition against every complete recording.
-pub fn check_watches(ops: &[Op], recordings: &[Recording]) -> Result<WatchStats, Violation> {
+pub fn check_watches(ops: &[Op], recordings: &[Recording]) -> Result<WatchStats, Box<Violation>> {
     let mut sessions = HashSet::new();
     for recording in recordings {
         sessions.extend(recording.events.iter().map(|e| e.session.as_str()));
@@ -87,11 +87,15 @@ fn violation<'a>(
     session: Option<&str>,
     reason: String,
     events: impl IntoIterator<Item = (usize, &'a WatchedEvent)>,
-) -> Violation {
+) -> Box<Violation> {
     let mut violation = Violation::new("watch", session, reason);
     violation.events = events.into_iter().map(|(r, e)| (r, e.clone())).collect();
-    violation
+    Box::new(violation)
 }
+
+/// What an acknowledged answer lacks in a recording, and the events near
+/// where it should be.
+type Missing<'a> = (String, Vec<(usize, &'a WatchedEvent)>);
 
 /// What a recording has shown of one session so far.
 #[derive(Default)]
@@ -191,7 +195,7 @@ impl<'a> Stream<'a> {
     }
 }
 
-fn check_recording(recording: &Recording) -> Result<(), Violation> {
+fn check_recording(recording: &Recording) -> Result<(), Box<Violation>> {
     let replica = recording.replica;
     let mut previous: Option<&WatchedEvent> = None;
     let mut streams: HashMap<&str, Stream> = HashMap::new();
@@ -230,7 +234,7 @@ fn check_recording(recording: &Recording) -> Result<(), Violation> {
 }
 
 /// Events both recordings hold are the same and in the same order.
-fn check_agreement(a: &Recording, b: &Recording) -> Result<(), Violation> {
+fn check_agreement(a: &Recording, b: &Recording) -> Result<(), Box<Violation>> {
     let index: HashMap<(&str, u64), (usize, &WatchedEvent)> = (b.events.iter().enumerate())
         .map(|(i, e)| ((e.session.as_str(), e.revision), (i, e)))
         .collect();
@@ -310,7 +314,7 @@ impl<'a> Index<'a> {
 
     /// Whether `op`'s acknowledged answer is in this recording: `Ok(true)`
     /// checked, `Ok(false)` nothing to check, `Err` what is missing.
-    fn holds(&self, op: &Op) -> Result<bool, (String, Vec<(usize, &'a WatchedEvent)>)> {
+    fn holds(&self, op: &Op) -> Result<bool, Missing<'a>> {
         let Outcome::Ok(answer) = &op.outcome else {
             return Ok(false);
         };
@@ -415,7 +419,7 @@ impl<'a> Index<'a> {
 
 /// Every acknowledged transition is in every complete recording; returns
 /// how many answers were checked.
-fn check_acknowledged(ops: &[Op], recordings: &[Recording]) -> Result<usize, Violation> {
+fn check_acknowledged(ops: &[Op], recordings: &[Recording]) -> Result<usize, Box<Violation>> {
     let indexes: Vec<Index> = recordings
         .iter()
         .filter(|r| r.complete)
