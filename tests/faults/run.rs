@@ -220,13 +220,14 @@ impl Run {
         }
         let mut recordings: Vec<Recording> = Vec::new();
         let mut reopened = Vec::new();
+        let mut events_per_replica = Vec::new();
         for watcher in std::mem::take(&mut self.watchers) {
-            let (recording, why) = watcher.stop().await;
+            let replica = watcher.replica();
+            let (segments, why) = watcher.stop().await;
             if !why.is_empty() {
                 let more = why.len().saturating_sub(3);
                 let mut text = format!(
-                    "r{} {}x: {}",
-                    recording.replica,
+                    "r{replica} {}x: {}",
                     why.len(),
                     why[..why.len().min(3)].join("; ")
                 );
@@ -235,7 +236,8 @@ impl Run {
                 }
                 reopened.push(text);
             }
-            recordings.push(recording);
+            events_per_replica.push(segments.iter().map(|r| r.events.len()).sum());
+            recordings.extend(segments);
         }
         let ops = self.recorder.ops();
         let watched: Vec<_> = recordings.iter().map(|r| r.events.clone()).collect();
@@ -280,7 +282,7 @@ impl Run {
             lost: figures::lost_transitions(&ops, &recordings),
             outage: figures::longest_outage(&ops),
             outages: figures::outage_per_replica(&ops, self.cluster.replicas()),
-            events: recordings.iter().map(|r| r.events.len()).collect(),
+            events: events_per_replica,
             wall: self.began.elapsed(),
             notes: std::mem::take(&mut self.notes),
         };

@@ -3,7 +3,8 @@
 //! after the last seq delivered (or bookmarked); if the replica cannot
 //! resume there (OUT_OF_RANGE: it restarted, or its follower lost events and
 //! ended its watches), the recording is marked incomplete and goes on from
-//! the present.
+//! the present as a new segment: the contract promises no gap across a
+//! resume, not across a fresh watch, so each segment is checked on its own.
 
 use std::{
     sync::{Arc, Mutex, PoisonError},
@@ -47,7 +48,8 @@ pub fn watched(event: &pb::LifecycleEvent) -> Option<WatchedEvent> {
 
 #[derive(Default)]
 struct Rec {
-    events: Vec<WatchedEvent>,
+    /// Uninterrupted stretches of the watch, oldest first (never empty).
+    segments: Vec<Vec<WatchedEvent>>,
     complete: bool,
     /// Why the watch was reopened, each time.
     reopened: Vec<String>,
@@ -73,6 +75,7 @@ impl WatchRecorder {
             .await?
             .into_inner();
         let rec = Arc::new(Mutex::new(Rec {
+            segments: vec![Vec::new()],
             complete: true,
             ..Rec::default()
         }));
@@ -89,25 +92,30 @@ impl WatchRecorder {
     /// Whether the recording holds `session`'s event of `kind`.
     pub fn saw(&self, session: &str, kind: EventKind) -> bool {
         let rec = self.rec.lock().unwrap_or_else(PoisonError::into_inner);
-        rec.events
+        rec.segments
             .iter()
-            .rev()
+            .flatten()
             .any(|e| e.session == session && e.kind == kind)
     }
 
-    /// Stops recording: the recording, and why the watch was reopened.
-    pub async fn stop(self) -> (Recording, Vec<String>) {
+    pub fn replica(&self) -> usize {
+        self.replica
+    }
+
+    /// Stops recording: one recording per segment, and why the watch was
+    /// reopened.
+    pub async fn stop(self) -> (Vec<Recording>, Vec<String>) {
         self.stop.cancel();
         let _ = self.task.await;
         let rec = std::mem::take(&mut *self.rec.lock().unwrap_or_else(PoisonError::into_inner));
-        (
-            Recording {
+        let recordings = (rec.segments.into_iter())
+            .map(|events| Recording {
                 replica: self.replica,
-                events: rec.events,
+                events,
                 complete: rec.complete,
-            },
-            rec.reopened,
-        )
+            })
+            .collect();
+        (recordings, rec.reopened)
     }
 }
 
@@ -137,8 +145,9 @@ async fn record(
                         {
                             let mut rec = lock();
                             rec.complete = false;
+                            rec.segments.push(Vec::new());
                             rec.reopened.push(format!(
-                                "after seq {after}: OUT_OF_RANGE; recording from now"
+                                "after seq {after}: OUT_OF_RANGE; a new segment from now"
                             ));
                         }
                         if let Ok(reply) = client.watch(pb::WatchRequest::default()).await {
@@ -161,7 +170,9 @@ async fn record(
                         for event in &message.events {
                             rec.position = rec.position.max(event.seq);
                             if let Some(event) = watched(event) {
-                                rec.events.push(event);
+                                if let Some(segment) = rec.segments.last_mut() {
+                                    segment.push(event);
+                                }
                             }
                         }
                         rec.position = rec.position.max(message.progress_seq);
