@@ -61,9 +61,18 @@ impl Run {
     /// The cluster with `replicas`; no recorders or load yet.
     pub async fn prepare(name: &str, nats_server: &str, replicas: Vec<ReplicaSpec>) -> Self {
         let began = Instant::now();
-        let cluster = Cluster::start(nats_server, replicas)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: the cluster did not start: {e}"));
+        // A start that times out on a loaded two-core machine is not what
+        // the run tests: one more try on fresh namespaces, then fail.
+        let cluster = match Cluster::start(nats_server, replicas.clone()).await {
+            Ok(cluster) => cluster,
+            Err(first) => {
+                eprintln!("[{name}] the cluster did not start ({first}); once more");
+                crate::netns::delete_stale();
+                Cluster::start(nats_server, replicas)
+                    .await
+                    .unwrap_or_else(|e| panic!("{name}: the cluster did not start twice: {e}"))
+            }
+        };
         let spec = default_spec(name, cluster.replicas(), 1);
         let run = Run {
             name: name.to_owned(),
