@@ -280,6 +280,7 @@ impl Cluster {
                     tokio::time::sleep(Duration::from_millis(300)).await;
                 }
                 Err(_) => {
+                    self.keep = true;
                     return Err(format!(
                         "replica r{r} did not serve within {READY:?} (logs in {})",
                         self.dir.display()
