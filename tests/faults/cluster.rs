@@ -284,7 +284,7 @@ impl Cluster {
                     return Err(format!(
                         "replica r{r} did not serve within {READY:?} (logs in {})",
                         self.dir.display()
-                    ))
+                    ));
                 }
             }
         }
