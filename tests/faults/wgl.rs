@@ -299,6 +299,12 @@ struct Walk<'a> {
     /// a hash with probability ~2^-128 per pair, so the memo keeps the hash
     /// in place of the set.
     keys: Vec<u128>,
+    /// Per unknown op, the unknown op just before it (in entry order) with
+    /// the same call and expectation. Both are open forever once invoked, so
+    /// either can stand for the other: the search only linearizes the later
+    /// one after the earlier, which keeps n interchangeable unknown calls
+    /// (a timed-out Cancel retried by many clients) from costing 2^n sets.
+    twin: Vec<Option<usize>>,
     model: Model,
 }
 
@@ -344,6 +350,7 @@ impl<'a> Walk<'a> {
         let keys = (0..ops.len() as u64)
             .map(|i| (u128::from(splitmix(i * 2)) << 64) | u128::from(splitmix(i * 2 + 1)))
             .collect();
+        let twin = twins(ops, &entries);
         Self {
             id,
             ops,
@@ -353,6 +360,7 @@ impl<'a> Walk<'a> {
             call_node,
             return_node,
             keys,
+            twin,
             model,
         }
     }
@@ -398,6 +406,7 @@ impl<'a> Walk<'a> {
         let mut memo: HashSet<(u128, Model)> = HashSet::new();
         let mut stack: Vec<(usize, usize, Model)> = Vec::new();
         let mut linearized: Vec<usize> = Vec::new();
+        let mut is_linearized = vec![false; self.ops.len()];
         let mut hash = 0u128;
         let mut node = self.next[self.head()];
         let mut first_choice = 0;
@@ -414,7 +423,9 @@ impl<'a> Walk<'a> {
                 (_, Some(&(op, false))) => {
                     let spec = &self.ops[op];
                     let mut advanced = false;
-                    for choice in first_choice..spec.choices() {
+                    let stand_in = self.twin[op].is_some_and(|twin| !is_linearized[twin]);
+                    let choices = if stand_in { 0 } else { spec.choices() };
+                    for choice in first_choice..choices {
                         let Some(next) = spec.step(self.id, &self.model, choice) else {
                             continue;
                         };
@@ -429,6 +440,7 @@ impl<'a> Walk<'a> {
                         }
                         stack.push((op, choice, std::mem::replace(&mut self.model, next)));
                         linearized.push(op);
+                        is_linearized[op] = true;
                         hash ^= self.keys[op];
                         self.lift(op);
                         if spec.is_ok() {
@@ -453,6 +465,7 @@ impl<'a> Walk<'a> {
                 };
                 self.model = model;
                 linearized.pop();
+                is_linearized[op] = false;
                 hash ^= self.keys[op];
                 self.unlift(op);
                 if self.ops[op].is_ok() {
@@ -463,6 +476,25 @@ impl<'a> Walk<'a> {
             }
         }
     }
+}
+
+/// See `Walk::twin`.
+fn twins(ops: &[SpecOp], entries: &[(usize, bool)]) -> Vec<Option<usize>> {
+    let mut twin = vec![None; ops.len()];
+    let mut last_of_kind: Vec<usize> = Vec::new();
+    for &(op, _) in entries.iter().filter(|(op, ret)| !ret && !ops[*op].is_ok()) {
+        let same = |other: &usize| {
+            ops[*other].action == ops[op].action && ops[*other].expect == ops[op].expect
+        };
+        match last_of_kind.iter_mut().find(|other| same(other)) {
+            Some(previous) => {
+                twin[op] = Some(*previous);
+                *previous = op;
+            }
+            None => last_of_kind.push(op),
+        }
+    }
+    twin
 }
 
 fn splitmix(seed: u64) -> u64 {
