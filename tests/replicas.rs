@@ -17,6 +17,7 @@ use std::{
 
 use common::*;
 use respcoord::{
+    client::RetryPolicy,
     grpc::WatchSettings,
     nats::NatsCoordinator,
     proto::v1::{self as pb, lifecycle_event::Kind},
@@ -211,23 +212,6 @@ struct Acknowledged {
     cancelled: Vec<(String, u64)>,
 }
 
-/// Whether a failed call is the kind a gateway retries on another replica.
-fn retryable(status: &tonic::Status) -> bool {
-    // A replica killed mid-call ends its HTTP/2 connection with a GOAWAY,
-    // which tonic reports as INTERNAL with the transport error as source.
-    let transport_lost = status.code() == Code::Internal
-        && std::error::Error::source(status).is_some_and(|e| e.is::<tonic::transport::Error>());
-    transport_lost
-        || matches!(
-            status.code(),
-            Code::Unavailable
-                | Code::Aborted
-                | Code::Cancelled
-                | Code::Unknown
-                | Code::DeadlineExceeded
-        )
-}
-
 /// A gateway that talks to `endpoints[0]` and fails over to the next
 /// endpoint when a call fails with a transport-level error.
 async fn gateway(endpoints: Vec<String>, seed: u64, calls: usize) -> Acknowledged {
@@ -273,7 +257,7 @@ async fn gateway(endpoints: Vec<String>, seed: u64, calls: usize) -> Acknowledge
                     .map(|r| (3, r.into_inner().cancelled_response_id)),
             };
             match attempt {
-                Err(status) if retryable(&status) => {
+                Err(status) if RetryPolicy::retryable(&status) => {
                     which = (which + 1) % endpoints.len();
                     if let Ok(fresh) = connect(endpoints[which].clone()).await {
                         client = fresh;

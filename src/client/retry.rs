@@ -46,16 +46,24 @@ impl RetryPolicy {
 
     /// Whether a failed attempt may be tried again: the transport failed or
     /// the attempt ran out of time. Answers about the request itself
-    /// (NOT_FOUND, FAILED_PRECONDITION, INVALID_ARGUMENT, ...) are final.
-    pub fn retryable(code: Code) -> bool {
-        matches!(
-            code,
-            Code::Unavailable
-                | Code::DeadlineExceeded
-                | Code::Aborted
-                | Code::Unknown
-                | Code::Cancelled
-        )
+    /// (NOT_FOUND, FAILED_PRECONDITION, INVALID_ARGUMENT, ...) are final, and
+    /// so is an INTERNAL the server sent. An INTERNAL that tonic made from a
+    /// lost connection is not an answer: a replica killed or restarted
+    /// mid-call ends its HTTP/2 connection with a GOAWAY or a reset, which
+    /// tonic reports as INTERNAL with the transport error as its source.
+    pub fn retryable(status: &Status) -> bool {
+        let transport_lost = status.code() == Code::Internal
+            && std::error::Error::source(status)
+                .is_some_and(|source| source.is::<tonic::transport::Error>());
+        transport_lost
+            || matches!(
+                status.code(),
+                Code::Unavailable
+                    | Code::DeadlineExceeded
+                    | Code::Aborted
+                    | Code::Unknown
+                    | Code::Cancelled
+            )
     }
 
     /// Backoff before attempt `attempt + 1` (attempts count from 1), jittered.
@@ -93,7 +101,7 @@ where
             Ok(value) => return Ok((value, attempts)),
             Err(status) => status,
         };
-        if !RetryPolicy::retryable(status.code()) || attempts >= policy.max_attempts.max(1) {
+        if !RetryPolicy::retryable(&status) || attempts >= policy.max_attempts.max(1) {
             return Err(status);
         }
         let pause = policy.backoff(attempts);
@@ -157,6 +165,50 @@ mod tests {
         .unwrap_err();
         assert_eq!(status.code(), Code::NotFound);
         assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn an_internal_the_server_sent_is_final() {
+        assert!(!RetryPolicy::retryable(&Status::internal("a server bug")));
+    }
+
+    /// A server that resets every stream the way a dying replica's HTTP/2
+    /// connection ends them (RST_STREAM INTERNAL_ERROR, no gRPC status).
+    async fn resetting_server() -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(mut connection) = h2::server::handshake(socket).await else {
+                        return;
+                    };
+                    while let Some(Ok((_, mut respond))) = connection.accept().await {
+                        respond.send_reset(h2::Reason::INTERNAL_ERROR);
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn an_internal_made_from_a_reset_stream_is_retried() {
+        use crate::proto::v1::{
+            response_coordinator_client::ResponseCoordinatorClient, GetStateRequest,
+        };
+        let addr = resetting_server().await;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy();
+        let status = ResponseCoordinatorClient::new(channel)
+            .get_state(GetStateRequest {
+                session_id: "s".to_owned(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Internal, "{status:?}");
+        assert!(RetryPolicy::retryable(&status), "{status:?}");
     }
 
     #[tokio::test(start_paused = true)]
