@@ -325,3 +325,26 @@ fn interchangeable_unknown_calls_do_not_multiply_the_search() {
     );
     assert_eq!(violation.culprit.map(|c| c.call), Some(Call::GetState));
 }
+
+#[test]
+fn an_order_whose_events_differ_from_the_watch_is_not_taken() {
+    // Alone, either Start may have taken effect first. The watch says 200
+    // started at revision 1, so only that order stands, and the answers
+    // claim the other one.
+    let ops = vec![
+        op(0, start(), 0, 30, started(200, Some(100))),
+        op(1, start(), 5, 20, started(100, None)),
+    ];
+    check_linearizable(&ops, &[]).expect("either order without recordings");
+    let watched = vec![
+        event(1, EventKind::Started { response: 200 }),
+        event(2, EventKind::CancelRequested { response: 200 }),
+        event(3, EventKind::Ended { response: 200 }),
+        event(4, EventKind::Started { response: 100 }),
+    ];
+    let violation = check_linearizable(&ops, &[watched]).expect_err("the watch decides");
+    assert_eq!(violation.check, "linearizability");
+    // A revision no recording holds constrains nothing.
+    let partial = vec![event(4, EventKind::Started { response: 200 })];
+    check_linearizable(&ops, &[partial]).expect("revisions 1 to 3 unrecorded");
+}

@@ -21,7 +21,7 @@
 //! above the last); with them, every Start that took effect is in them.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt,
 };
 
@@ -34,7 +34,7 @@ use respcoord::{
 use crate::{
     history::{Answer, Call, EventKind, Op, Outcome, WatchedEvent},
     report, shrink,
-    wgl::{self, Action, Expect, Found, Model, SpecOp},
+    wgl::{self, Action, Expect, Found, Model, SpecOp, Subject},
 };
 
 /// Most (linearized set, state) pairs one session's search may visit before
@@ -138,7 +138,7 @@ pub fn check_linearizable(
             ))
         })?;
         let problem = Problem::new(id, recorded, watched);
-        match wgl::search(&problem.id, &problem.ops, &Model::absent(), BUDGET) {
+        match wgl::search(&problem.subject, &problem.ops, &Model::absent(), BUDGET) {
             Found::Linearizable { states } => stats.states += states,
             Found::Not { .. } => return Err(Box::new(shrink::explain(&problem))),
             Found::Budget { states } => {
@@ -160,7 +160,8 @@ pub fn check_linearizable(
 
 /// One session's history, ready for the search.
 pub struct Problem<'a> {
-    pub id: SessionId,
+    /// The session and what the watch recordings say of it.
+    pub subject: Subject,
     pub recorded: Vec<&'a Op>,
     /// The calls that may have happened (failed ones and unknown GetStates
     /// left out), in recorded order; `SpecOp::source` indexes `recorded`.
@@ -180,8 +181,14 @@ impl<'a> Problem<'a> {
             .enumerate()
             .filter_map(|(source, op)| spec_op(op, source, &candidates))
             .collect();
+        let watched: HashMap<u64, EventKind> = watched
+            .iter()
+            .flatten()
+            .filter(|event| event.session == id.as_str())
+            .map(|event| (event.revision, event.kind))
+            .collect();
         Self {
-            id,
+            subject: Subject { id, watched },
             recorded,
             ops,
             candidates,

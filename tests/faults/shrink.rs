@@ -37,10 +37,10 @@ const STATES_SHOWN: usize = 8;
 
 /// Explains a session whose history the search found not linearizable.
 pub fn explain(problem: &Problem) -> Violation {
-    let id = &problem.id;
+    let subject = &problem.subject;
     let fails = |ops: &[SpecOp]| {
         matches!(
-            wgl::search(id, ops, &Model::absent(), BUDGET),
+            wgl::search(subject, ops, &Model::absent(), BUDGET),
             Found::Not { .. }
         )
     };
@@ -83,7 +83,7 @@ pub fn explain(problem: &Problem) -> Violation {
 }
 
 fn summarize_and_shrink(problem: &Problem, history: &[SpecOp], culprit: &SpecOp) -> Violation {
-    let id = &problem.id;
+    let id = &problem.subject.id;
     let start = culprit.invoked;
     // Settled: answered before the culprit was invoked. Straddling: invoked
     // before it and answered after it (or never).
@@ -110,7 +110,8 @@ fn summarize_and_shrink(problem: &Problem, history: &[SpecOp], culprit: &SpecOp)
     );
     violation.culprit = Some(problem.recorded[culprit.source].clone());
     violation.context = context(problem, &prefix);
-    let Some(configs) = wgl::configurations(id, &prefix, &Model::absent(), BUDGET) else {
+    let Some(configs) = wgl::configurations(&problem.subject, &prefix, &Model::absent(), BUDGET)
+    else {
         violation.states = vec!["(too many to list: the calls before are not summarized)".into()];
         violation.ops = recorded(problem, &window);
         return violation;
@@ -194,7 +195,7 @@ fn residual(problem: &Problem, ops: &[SpecOp], config: &(Vec<usize>, Model)) -> 
         .filter(|op| !done.contains(&op.source))
         .cloned()
         .collect();
-    wgl::search(&problem.id, &rest, model, BUDGET)
+    wgl::search(&problem.subject, &rest, model, BUDGET)
 }
 
 /// The last few settled calls that changed the session, oldest first.
@@ -233,7 +234,7 @@ fn recorded(problem: &Problem, ops: &[SpecOp]) -> Vec<Op> {
 fn unexplained(problem: &Problem, why: &str) -> Violation {
     let mut violation = Violation::new(
         "linearizability",
-        Some(problem.id.as_str()),
+        Some(problem.subject.id.as_str()),
         format!("the session's history is not linearizable; {why}, so all of it follows"),
     );
     violation.ops = problem.recorded.iter().map(|op| (*op).clone()).collect();

@@ -10,22 +10,71 @@
 //! model state) already explored is never explored again, which is what
 //! keeps thousands of calls with ~16 in flight to seconds.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use respcoord::{
     decision::{decide, Presence, Reply, Room, Stamp},
     error::CoordError,
     ids::{ResponseId, SessionId},
-    machine::Phase,
+    machine::{self, Phase},
     session::{Call, Session},
 };
 
-use crate::history::Answer;
+use crate::history::{Answer, EventKind};
 
 /// The time every call is decided at. The checker models no expiry (fault
 /// runs keep TTLs far longer than the run), and a constant keeps the idle
 /// clock out of the states the memo tells apart.
 const NOW: u64 = 1;
+
+/// The session a search is about: its id, and what the replicas' watch
+/// recordings say each revision was. Every transition the coordinator
+/// stored is in the watch at its revision, so a step whose events differ
+/// from the recorded ones at the same revisions cannot be the one that
+/// happened: the search drops it at once instead of finding out many calls
+/// later (what keeps a long hot session with open unknown calls decidable).
+/// This only removes orders, so it can never hide a violation; a revision
+/// no recording holds (a replica restarted, a gap) constrains nothing.
+#[derive(Clone, Debug)]
+pub struct Subject {
+    pub id: SessionId,
+    pub watched: HashMap<u64, EventKind>,
+}
+
+impl Subject {
+    pub fn unwatched(id: SessionId) -> Self {
+        Self {
+            id,
+            watched: HashMap::new(),
+        }
+    }
+
+    /// Whether events `kinds`, the first at `first_revision`, agree with
+    /// the recordings.
+    fn agrees(&self, first_revision: u64, kinds: &[machine::EventKind]) -> bool {
+        kinds.iter().zip(first_revision..).all(|(kind, revision)| {
+            self.watched
+                .get(&revision)
+                .is_none_or(|watched| *watched == seen(kind))
+        })
+    }
+}
+
+/// A domain event as a watch recording holds it.
+fn seen(kind: &machine::EventKind) -> EventKind {
+    match kind {
+        machine::EventKind::Started { response, .. } => EventKind::Started {
+            response: response.get(),
+        },
+        machine::EventKind::CancelRequested { response, .. } => EventKind::CancelRequested {
+            response: response.get(),
+        },
+        machine::EventKind::Ended { response, .. } => EventKind::Ended {
+            response: response.get(),
+        },
+        machine::EventKind::Terminated { .. } => EventKind::Terminated,
+    }
+}
 
 /// The sequential state: the session record (`None` until a Start or
 /// Shutdown creates it) and the highest response id minted so far, which the
@@ -128,7 +177,8 @@ impl SpecOp {
     /// specification cannot give the recorded answer here. An unknown call
     /// that would change nothing is refused too: leaving it out is the same
     /// history with one option more.
-    pub fn step(&self, id: &SessionId, model: &Model, choice: usize) -> Option<Model> {
+    pub fn step(&self, subject: &Subject, model: &Model, choice: usize) -> Option<Model> {
+        let id = &subject.id;
         let call = match &self.action {
             Action::GetState => {
                 return match &self.expect {
@@ -163,6 +213,11 @@ impl SpecOp {
             new_response,
         };
         let reply = match decide(&mut session, presence, id, call, NOW, stamp, 0) {
+            Ok(decision)
+                if !subject.agrees(decision.change.first_revision, &decision.change.kinds) =>
+            {
+                return None
+            }
             Ok(decision) => Some(decision.reply),
             Err(CoordError::SessionNotFound(_)) => None,
             Err(_) => return None,
@@ -242,9 +297,9 @@ pub enum Found {
 pub type Config = (Vec<usize>, Model);
 
 /// Whether `ops` linearize from `init`.
-pub fn search(id: &SessionId, ops: &[SpecOp], init: &Model, budget: usize) -> Found {
+pub fn search(subject: &Subject, ops: &[SpecOp], init: &Model, budget: usize) -> Found {
     let mut found = false;
-    let outcome = Walk::new(id, ops, init.clone()).run(budget, |_, _| {
+    let outcome = Walk::new(subject, ops, init.clone()).run(budget, |_, _| {
         found = true;
         false
     });
@@ -259,13 +314,13 @@ pub fn search(id: &SessionId, ops: &[SpecOp], init: &Model, budget: usize) -> Fo
 /// linearized (unknown ones in any subset that changes the state), or
 /// `None` past the budget.
 pub fn configurations(
-    id: &SessionId,
+    subject: &Subject,
     ops: &[SpecOp],
     init: &Model,
     budget: usize,
 ) -> Option<Vec<Config>> {
     let mut configs = Vec::new();
-    let outcome = Walk::new(id, ops, init.clone()).run(budget, |linearized, model| {
+    let outcome = Walk::new(subject, ops, init.clone()).run(budget, |linearized, model| {
         configs.push((linearized.to_vec(), model.clone()));
         true
     });
@@ -286,7 +341,7 @@ const END: usize = usize::MAX;
 /// list (Lowe's "lift" and "unlift" are unlinking and relinking), the stack
 /// of linearized calls, and the memo.
 struct Walk<'a> {
-    id: &'a SessionId,
+    subject: &'a Subject,
     ops: &'a [SpecOp],
     /// (op, is its completion), in time order; node `entries.len()` is the head.
     entries: Vec<(usize, bool)>,
@@ -309,7 +364,7 @@ struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
-    fn new(id: &'a SessionId, ops: &'a [SpecOp], model: Model) -> Self {
+    fn new(subject: &'a Subject, ops: &'a [SpecOp], model: Model) -> Self {
         let mut order: Vec<(u64, bool, usize)> = Vec::with_capacity(ops.len() * 2);
         for (index, op) in ops.iter().enumerate() {
             order.push((op.invoked, false, index));
@@ -352,7 +407,7 @@ impl<'a> Walk<'a> {
             .collect();
         let twin = twins(ops, &entries);
         Self {
-            id,
+            subject,
             ops,
             entries,
             next,
@@ -426,7 +481,7 @@ impl<'a> Walk<'a> {
                     let stand_in = self.twin[op].is_some_and(|twin| !is_linearized[twin]);
                     let choices = if stand_in { 0 } else { spec.choices() };
                     for choice in first_choice..choices {
-                        let Some(next) = spec.step(self.id, &self.model, choice) else {
+                        let Some(next) = spec.step(self.subject, &self.model, choice) else {
                             continue;
                         };
                         let key = (hash ^ self.keys[op], next);
