@@ -129,6 +129,14 @@ pub fn check_linearizable(
             Outcome::Unknown(_) => stats.unknown += 1,
         }
     }
+    // Each session's watched events, gathered in one pass.
+    let mut by_session: HashMap<&str, Vec<&WatchedEvent>> = HashMap::new();
+    for event in watched.iter().flatten() {
+        by_session
+            .entry(event.session.as_str())
+            .or_default()
+            .push(event);
+    }
     for (session, recorded) in sessions {
         let id = SessionId::parse(session).map_err(|error| {
             Box::new(Violation::new(
@@ -137,7 +145,8 @@ pub fn check_linearizable(
                 format!("the history names an invalid session id ({error})"),
             ))
         })?;
-        let problem = Problem::new(id, recorded, watched);
+        let events = by_session.get(session).map_or(&[][..], Vec::as_slice);
+        let problem = Problem::new(id, recorded, events, !watched.is_empty());
         match wgl::search(&problem.subject, &problem.ops, &Model::absent(), BUDGET) {
             Found::Linearizable { states } => stats.states += states,
             Found::Not { .. } => return Err(Box::new(shrink::explain(&problem))),
@@ -171,9 +180,16 @@ pub struct Problem<'a> {
 }
 
 impl<'a> Problem<'a> {
-    fn new(id: SessionId, recorded: Vec<&'a Op>, watched: &[Vec<WatchedEvent>]) -> Self {
-        let mut candidates = candidate_ids(&recorded, id.as_str(), watched);
-        if watched.is_empty() {
+    /// `events`: the session's events in every watch recording;
+    /// `watch_recorded`: whether there are any recordings at all.
+    fn new(
+        id: SessionId,
+        recorded: Vec<&'a Op>,
+        events: &[&WatchedEvent],
+        watch_recorded: bool,
+    ) -> Self {
+        let mut candidates = candidate_ids(&recorded, events);
+        if !watch_recorded {
             candidates.push(0);
         }
         let ops = recorded
@@ -181,10 +197,8 @@ impl<'a> Problem<'a> {
             .enumerate()
             .filter_map(|(source, op)| spec_op(op, source, &candidates))
             .collect();
-        let watched: HashMap<u64, EventKind> = watched
+        let watched: HashMap<u64, EventKind> = events
             .iter()
-            .flatten()
-            .filter(|event| event.session == id.as_str())
             .map(|event| (event.revision, event.kind))
             .collect();
         Self {
@@ -260,7 +274,7 @@ fn spec_op(op: &Op, source: usize, candidates: &[u64]) -> Option<SpecOp> {
 
 /// Observed response ids of `session` that no answered, non-replayed Start
 /// minted, ascending.
-fn candidate_ids(ops: &[&Op], session: &str, watched: &[Vec<WatchedEvent>]) -> Vec<u64> {
+fn candidate_ids(ops: &[&Op], events: &[&WatchedEvent]) -> Vec<u64> {
     let mut observed = BTreeSet::new();
     let mut minted = HashSet::new();
     for op in ops {
@@ -293,10 +307,7 @@ fn candidate_ids(ops: &[&Op], session: &str, watched: &[Vec<WatchedEvent>]) -> V
             Answer::Finished { .. } | Answer::StartRefused | Answer::NotFound => {}
         }
     }
-    for event in watched.iter().flatten() {
-        if event.session != session {
-            continue;
-        }
+    for event in events {
         match event.kind {
             EventKind::Started { response }
             | EventKind::CancelRequested { response }

@@ -42,13 +42,6 @@ pub struct Subject {
 }
 
 impl Subject {
-    pub fn unwatched(id: SessionId) -> Self {
-        Self {
-            id,
-            watched: HashMap::new(),
-        }
-    }
-
     /// Whether events `kinds`, the first at `first_revision`, agree with
     /// the recordings.
     fn agrees(&self, first_revision: u64, kinds: &[machine::EventKind]) -> bool {
