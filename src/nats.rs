@@ -24,6 +24,7 @@
 mod cache;
 #[cfg(test)]
 mod call_tests;
+mod clock;
 mod entry;
 mod expiry;
 mod follow;
@@ -46,7 +47,7 @@ use async_nats::jetstream::{
 };
 use tokio_util::sync::CancellationToken;
 
-use self::{cache::EntryCache, locks::KeyedLocks, quorum::QuorumPoints};
+use self::{cache::EntryCache, clock::StreamClock, locks::KeyedLocks, quorum::QuorumPoints};
 use crate::{
     decision::{self, Changed, Decision, ExpiryDecision, Presence, Reply, Room, Stamp, Started},
     error::CoordError,
@@ -102,6 +103,9 @@ struct Inner {
     stats: Mutex<CoordStats>,
     /// Names this replica in the expirer lease.
     replica: String,
+    /// The stream's clock, which idleness, expiry and the lease are timed
+    /// by (`clock`).
+    clock: Arc<StreamClock>,
     follower: CancellationToken,
     /// Test seam: the next read of a key returns this older revision, as a
     /// deposed stream leader would (`call_tests`).
@@ -115,9 +119,8 @@ impl Drop for Inner {
     }
 }
 
-/// Wall-clock milliseconds: the NATS backend's session deadlines must mean
-/// the same on every replica, so they are wall time, not a process's
-/// monotonic clock.
+/// This replica's wall clock in milliseconds: only until the stream's clock
+/// is known (`Inner::now`), and in the fault build that times expiry by it.
 fn unix_millis() -> Millis {
     u64::try_from(Clock::unix_nanos() / 1_000_000).unwrap_or(0)
 }
@@ -157,7 +160,8 @@ impl NatsCoordinator {
     ) -> Result<Self, NatsError> {
         let (kv, stream) = setup::open_bucket(settings).await?;
         let subject_prefix = format!("$KV.{}.", settings.bucket);
-        let state = follow::load(&stream, &subject_prefix)
+        let clock = Arc::new(StreamClock::default());
+        let state = follow::load(&stream, &subject_prefix, &clock)
             .await
             .map_err(|reason| NatsError::Load {
                 bucket: settings.bucket.clone(),
@@ -178,6 +182,7 @@ impl NatsCoordinator {
         tokio::spawn(follow::follow(
             stream.clone(),
             Arc::clone(&mirror),
+            Arc::clone(&clock),
             subject_prefix,
             follower.clone(),
         ));
@@ -213,6 +218,7 @@ impl NatsCoordinator {
                     "{:016x}",
                     Clock::unix_nanos() as u64 ^ u64::from(std::process::id())
                 ),
+                clock,
                 follower,
                 #[cfg(test)]
                 stale_reads: std::sync::Mutex::default(),
@@ -315,6 +321,14 @@ impl NatsCoordinator {
 }
 
 impl Inner {
+    /// The stream's clock now, at most (`clock`); this replica's own before
+    /// any stamp arrived, which only a bucket without a single entry sees.
+    fn now(&self) -> Millis {
+        self.clock.now().unwrap_or_else(unix_millis)
+    }
+
+    /// The session's entry from the stream leader, its last activity taken
+    /// from the stream's stamp (`clock`).
     async fn read(&self, id: &SessionId, key: &str) -> Result<Read, CoordError> {
         #[cfg(test)]
         let stale = self
@@ -328,21 +342,28 @@ impl Inner {
             Some(revision) => self.kv.entry_for_revision(key, revision).await,
             None => self.kv.entry(key).await,
         };
-        match stored.map_err(unavailable)? {
-            None => Ok(Read::Absent { revision: 0 }),
-            Some(stored) if stored.operation != Operation::Put => Ok(Read::Absent {
+        let Some(stored) = stored.map_err(unavailable)? else {
+            return Ok(Read::Absent { revision: 0 });
+        };
+        let stamp = clock::stamp_millis(stored.created.unix_timestamp_nanos());
+        self.clock.observe(stamp);
+        if stored.operation != Operation::Put {
+            return Ok(Read::Absent {
                 revision: stored.revision,
-            }),
-            Some(stored) => match entry::decode(&stored.value) {
-                Ok(entry) => Ok(Read::Live {
+            });
+        }
+        match entry::decode(&stored.value) {
+            Ok(mut entry) => {
+                entry.persisted.since = clock::last_activity(entry.persisted.since, stamp);
+                Ok(Read::Live {
                     revision: stored.revision,
                     entry,
-                }),
-                Err(error) => Err(CoordError::Unreadable {
-                    session: id.clone(),
-                    reason: error.to_string(),
-                }),
-            },
+                })
+            }
+            Err(error) => Err(CoordError::Unreadable {
+                session: id.clone(),
+                reason: error.to_string(),
+            }),
         }
     }
 
@@ -406,11 +427,11 @@ impl Inner {
         // fresh read.
         let mut cached = self.cache.take(id);
         for _ in 0..MAX_ATTEMPTS {
-            let now = unix_millis();
             let read = match cached.take() {
                 Some((revision, entry)) => Read::Live { revision, entry },
                 None => self.read(id, &key).await?,
             };
+            let now = self.now();
             let read_revision = match &read {
                 Read::Live { revision, .. } => Some(*revision),
                 Read::Absent { .. } => None,
@@ -493,7 +514,7 @@ impl Inner {
         self.quorum_point(self.catch_up).await?;
         if let Some(known) = self.mirror.known(id) {
             let touch_due = known.phase != Phase::Terminated
-                && unix_millis().saturating_sub(known.since) >= self.touch_interval;
+                && self.now().saturating_sub(known.since) >= self.touch_interval;
             if !touch_due {
                 return Ok(known.snapshot(id));
             }
@@ -510,7 +531,7 @@ impl Inner {
                 }
                 Read::Absent { .. } => continue,
             };
-            let now = unix_millis();
+            let now = self.now();
             let touch_due = entry.persisted.phase != Phase::Terminated
                 && now.saturating_sub(entry.persisted.since) >= self.touch_interval;
             let mut session = Session::from_persisted(entry.persisted);
@@ -550,7 +571,7 @@ impl Inner {
                 Read::Live { revision, entry } => (revision, entry),
                 Read::Absent { .. } => return Ok(()),
             };
-            let now = unix_millis();
+            let now = self.now();
             let nanos = Clock::unix_nanos();
             let stamp = || Stamp {
                 first_seq: 0,

@@ -82,8 +82,9 @@ impl Clock {
 
 /// Faults a test build injects into a real process (feature
 /// `fault-injection`, tests/faults.rs): a replica whose wall clock runs
-/// ahead or behind, a backend whose compare-and-set guard is off (the broken
-/// build the history checker must catch). Read once from the environment;
+/// ahead or behind, a backend whose compare-and-set guard is off, or one that
+/// answers unconfirmed reads or times expiry by replica clocks (the broken
+/// builds the checks must catch). Read once from the environment;
 /// a build without the feature has none of it.
 #[cfg(feature = "fault-injection")]
 pub(crate) mod faults {
@@ -117,6 +118,16 @@ pub(crate) mod faults {
             std::env::var("RESPCOORD_FAULT_UNCONFIRMED_READS").is_ok_and(|v| v == "1")
         })
     }
+
+    /// `RESPCOORD_FAULT_REPLICA_CLOCK_EXPIRY=1`: the NATS backend times
+    /// idleness and expiry by each replica's wall clock, not the stream's
+    /// stamps (the skewed-expiry bug of issue 15).
+    pub(crate) fn replica_clock_expiry() -> bool {
+        static REPLICA_CLOCK: OnceLock<bool> = OnceLock::new();
+        *REPLICA_CLOCK.get_or_init(|| {
+            std::env::var("RESPCOORD_FAULT_REPLICA_CLOCK_EXPIRY").is_ok_and(|v| v == "1")
+        })
+    }
 }
 
 #[cfg(not(feature = "fault-injection"))]
@@ -130,6 +141,10 @@ pub(crate) mod faults {
     }
 
     pub(crate) const fn unconfirmed_reads() -> bool {
+        false
+    }
+
+    pub(crate) const fn replica_clock_expiry() -> bool {
         false
     }
 }

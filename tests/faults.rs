@@ -10,10 +10,10 @@
 //! `cluster.rs` the NATS nodes and replicas in them and the faults,
 //! `observe.rs` what the test asks NATS about itself, `workload.rs` the
 //! recorded clients, `watching.rs` the watch-all recorders, `run.rs` one run
-//! from start to verdict, `figures.rs` its figures, `schedules.rs` and
-//! `deposed.rs` the bounded schedules, `chaos.rs` the soak; the checker is
-//! `linearizability.rs` (with `wgl.rs`, `shrink.rs`), `watch_check.rs` and
-//! `report.rs`.
+//! from start to verdict, `figures.rs` its figures, `schedules.rs`,
+//! `deposed.rs` and `expiry.rs` the bounded schedules, `chaos.rs` the soak;
+//! the checker is `linearizability.rs` (with `wgl.rs`, `shrink.rs`),
+//! `watch_check.rs` and `report.rs`.
 //!
 //! Environment: `RESPCOORD_TEST_CLUSTER_NATS_SERVER` the nats-server 2.10
 //! binary (else the one scripts/nats-cluster-server.sh installed under
@@ -32,6 +32,8 @@ mod checker_tests;
 mod cluster;
 #[path = "faults/deposed.rs"]
 mod deposed;
+#[path = "faults/expiry.rs"]
+mod expiry;
 #[path = "faults/figures.rs"]
 mod figures;
 #[path = "faults/history.rs"]
@@ -168,6 +170,32 @@ fn the_stream_leader_killed_and_restarted() {
 #[test]
 fn replica_clocks_skewed_both_ways() {
     clean(|nats| async move { schedules::clock_skew(&nats).await });
+}
+
+#[test]
+fn expiry_with_skewed_clocks_and_a_paused_lease_holder() {
+    clean(|nats| async move { expiry::skewed_and_paused(&nats, false).await });
+}
+
+/// The same schedule on the build that times expiry by replica clocks: it
+/// must expire early, or the schedule above proves nothing.
+#[test]
+fn the_expiry_check_rejects_a_build_that_times_expiry_by_replica_clocks() {
+    let Some(report) = run(|nats| async move { expiry::skewed_and_paused(&nats, true).await })
+    else {
+        return;
+    };
+    let found = report
+        .violations
+        .iter()
+        .find(|v| v.starts_with("expiry:") && v.contains("before its"))
+        .unwrap_or_else(|| {
+            panic!(
+                "with expiry timed by replica clocks, no session expired early: the schedule \
+                 no longer skews the writer against the expirer (report above)"
+            )
+        });
+    eprintln!("as it must, the expiry check rejected the build timed by replica clocks: {found}");
 }
 
 #[test]

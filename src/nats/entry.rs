@@ -78,7 +78,10 @@ struct StoredSession {
     /// The highest response id this session minted (ids must keep rising).
     #[prost(uint64, tag = "7")]
     last_response: u64,
-    /// Unix milliseconds: last call while live, termination once terminated.
+    /// Unix milliseconds on the writer's view of the stream's clock: last
+    /// call while live, termination once terminated. Readers take the
+    /// stream's own stamp on the entry instead (`clock`); this one stays for
+    /// entries read without it.
     #[prost(uint64, tag = "8")]
     since_unix_ms: u64,
     #[prost(message, repeated, tag = "9")]

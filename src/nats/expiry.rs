@@ -11,12 +11,17 @@
 //!
 //! The lease lasts three sweep intervals; a replica that dies is replaced by
 //! another within that, so expiry is late by at most a few seconds.
+//!
+//! Deadlines, "now" and the lease's term are all on the stream's clock
+//! (`clock`), so a replica whose wall clock runs ahead neither expires
+//! sessions early nor takes a lease that has not lapsed; a replica that has
+//! received no stamp yet (only on a bucket without one entry) stays out.
 
 use std::time::Duration;
 
 use async_nats::jetstream::kv::Operation;
 
-use crate::nats::{unix_millis, NatsCoordinator};
+use crate::nats::NatsCoordinator;
 
 /// The lease's key (outside the session key space).
 const LEASE_KEY: &str = "lease.expirer";
@@ -36,7 +41,9 @@ fn sweep_interval(coordinator: &NatsCoordinator) -> Duration {
 /// Takes or renews the lease; true if this replica holds it now.
 async fn hold_lease(coordinator: &NatsCoordinator, lease: Duration) -> bool {
     let inner = &coordinator.inner;
-    let now = unix_millis();
+    let Some(now) = inner.clock.now() else {
+        return false;
+    };
     let until = now.saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
     let value = format!("{} {until}", inner.replica);
     let current = match inner.kv.entry(LEASE_KEY).await {
@@ -83,12 +90,12 @@ pub(super) async fn run(coordinator: NatsCoordinator, stop: impl std::future::Fu
             continue;
         }
         let inner = &coordinator.inner;
-        let due = inner.mirror.due(
-            unix_millis(),
-            inner.ttls.idle,
-            inner.ttls.tombstone,
-            SWEEP_BATCH,
-        );
+        let Some(now) = inner.clock.now() else {
+            continue;
+        };
+        let due = inner
+            .mirror
+            .due(now, inner.ttls.idle, inner.ttls.tombstone, SWEEP_BATCH);
         for id in due {
             if let Err(error) = inner.expire(&id).await {
                 tracing::warn!(session_id = %id, %error, "expiry deferred");

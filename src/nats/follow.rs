@@ -9,6 +9,7 @@ use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    clock::{last_activity, stamp_millis, StreamClock},
     entry,
     mirror::{Change, Mirror, MirrorState},
 };
@@ -16,27 +17,34 @@ use crate::ids::SessionId;
 
 /// Decodes one stream message into (stream seq, session, change); `None`
 /// for a message that is not a session's (the lease) or cannot be read.
+/// Every message's stamp advances `clock`.
 fn parse(
     message: &jetstream::Message,
     subject_prefix: &str,
+    clock: &StreamClock,
 ) -> Result<(u64, Option<(SessionId, Change)>), String> {
     let info = message.info().map_err(|e| e.to_string())?;
+    let stamp = stamp_millis(info.published.unix_timestamp_nanos());
+    clock.observe(stamp);
     let change = parse_parts(
         info.stream_sequence,
         message.subject.as_str(),
         message.headers.as_ref(),
         &message.payload,
+        stamp,
         subject_prefix,
     );
     Ok((info.stream_sequence, change))
 }
 
-/// As [`parse`], for a message read by sequence from the stream.
+/// As [`parse`], for a message read by sequence from the stream. `stamp`
+/// (the stream's, Unix ms) is the session's last activity.
 fn parse_parts(
     stream_seq: u64,
     subject: &str,
     headers: Option<&async_nats::HeaderMap>,
     payload: &[u8],
+    stamp: u64,
     subject_prefix: &str,
 ) -> Option<(SessionId, Change)> {
     let id = subject
@@ -49,7 +57,10 @@ fn parse_parts(
         return Some((id, Change::Removed));
     }
     match entry::decode(payload) {
-        Ok(entry) => Some((id, Change::Stored(entry))),
+        Ok(mut entry) => {
+            entry.persisted.since = last_activity(entry.persisted.since, stamp);
+            Some((id, Change::Stored(entry)))
+        }
         Err(error) => {
             tracing::error!(session_id = %id, stream_seq, %error, "unreadable session entry skipped");
             None
@@ -65,6 +76,7 @@ fn parse_parts(
 async fn read_by_sequence(
     stream: &jetstream::stream::Stream,
     mirror: &Mirror,
+    clock: &StreamClock,
     subject_prefix: &str,
     budget: std::time::Duration,
 ) -> Result<(), String> {
@@ -74,11 +86,14 @@ async fn read_by_sequence(
         let next = mirror.stream_seq() + 1;
         match stream.get_raw_message(next).await {
             Ok(message) => {
+                let stamp = stamp_millis(message.time.unix_timestamp_nanos());
+                clock.observe(stamp);
                 match parse_parts(
                     message.sequence,
                     message.subject.as_str(),
                     Some(&message.headers),
                     &message.payload,
+                    stamp,
                     subject_prefix,
                 ) {
                     Some((id, change)) => mirror.apply(message.sequence, id, change),
@@ -101,6 +116,7 @@ async fn read_by_sequence(
 pub async fn load(
     stream: &jetstream::stream::Stream,
     subject_prefix: &str,
+    clock: &StreamClock,
 ) -> Result<MirrorState, String> {
     let info = stream.get_info().await.map_err(|e| e.to_string())?;
     let mut state = MirrorState::default();
@@ -120,7 +136,7 @@ pub async fn load(
     let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
     while let Some(message) = messages.next().await {
         let message = message.map_err(|e| e.to_string())?;
-        let (stream_seq, change) = parse(&message, subject_prefix)?;
+        let (stream_seq, change) = parse(&message, subject_prefix, clock)?;
         let pending = message.info().map(|i| i.pending).unwrap_or(0);
         match change {
             Some((id, change)) => {
@@ -142,6 +158,7 @@ pub async fn load(
 pub async fn follow(
     stream: jetstream::stream::Stream,
     mirror: Arc<Mirror>,
+    clock: Arc<StreamClock>,
     subject_prefix: String,
     stop: CancellationToken,
 ) {
@@ -150,12 +167,12 @@ pub async fn follow(
         let start = mirror.stream_seq() + 1;
         let ended = tokio::select! {
             () = stop.cancelled() => return,
-            ended = follow_once(&stream, &mirror, &subject_prefix, start, &mut backoff) => ended,
+            ended = follow_once(&stream, &mirror, &clock, &subject_prefix, start, &mut backoff) => ended,
         };
         tracing::warn!(error = %ended, resume_from = mirror.stream_seq() + 1, "bucket follower restarting");
         tokio::select! {
             () = stop.cancelled() => return,
-            read = read_by_sequence(&stream, &mirror, &subject_prefix, backoff.max(STALL_CHECK)) => {
+            read = read_by_sequence(&stream, &mirror, &clock, &subject_prefix, backoff.max(STALL_CHECK)) => {
                 if let Err(error) = read {
                     tracing::debug!(%error, "reading the bucket by sequence");
                     tokio::select! {
@@ -172,6 +189,7 @@ pub async fn follow(
 async fn follow_once(
     stream: &jetstream::stream::Stream,
     mirror: &Mirror,
+    clock: &StreamClock,
     subject_prefix: &str,
     start: u64,
     backoff: &mut std::time::Duration,
@@ -224,7 +242,7 @@ async fn follow_once(
                 Err(error) => return error,
             }
         }
-        match parse(&message, subject_prefix) {
+        match parse(&message, subject_prefix, clock) {
             Ok((stream_seq, Some((id, change)))) => mirror.apply(stream_seq, id, change),
             Ok((stream_seq, None)) => mirror.skip(stream_seq),
             Err(error) => return error,

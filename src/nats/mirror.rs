@@ -39,7 +39,8 @@ pub struct Known {
     pub phase: Phase,
     pub revision: u64,
     pub responses_started: u64,
-    /// Unix milliseconds (see the entry's `since_unix_ms`).
+    /// Last activity, Unix ms: the stream's stamp on the key's last entry
+    /// (`clock`).
     pub since: Millis,
     /// The stream sequence of the key's last message (its KV revision, a
     /// touch included): what a quorum-confirmed read compares its read with.

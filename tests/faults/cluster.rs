@@ -68,6 +68,10 @@ pub struct ReplicaSpec {
     pub unguarded_writes: bool,
     /// `RESPCOORD_FAULT_UNCONFIRMED_READS=1`.
     pub unconfirmed_reads: bool,
+    /// `RESPCOORD_FAULT_REPLICA_CLOCK_EXPIRY=1`.
+    pub replica_clock_expiry: bool,
+    /// `--session-idle-ttl` (the server's default, an hour, when `None`).
+    pub idle_ttl: Option<Duration>,
 }
 
 struct Replica {
@@ -242,6 +246,8 @@ impl Cluster {
             .env_remove("RESPCOORD_FAULT_CLOCK_OFFSET_MS")
             .env_remove("RESPCOORD_FAULT_UNGUARDED_WRITES")
             .env_remove("RESPCOORD_FAULT_UNCONFIRMED_READS")
+            .env_remove("RESPCOORD_FAULT_REPLICA_CLOCK_EXPIRY")
+            .env_remove("RESPCOORD_SESSION_IDLE_TTL")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
@@ -256,6 +262,12 @@ impl Cluster {
         }
         if spec.unconfirmed_reads {
             command.env("RESPCOORD_FAULT_UNCONFIRMED_READS", "1");
+        }
+        if spec.replica_clock_expiry {
+            command.env("RESPCOORD_FAULT_REPLICA_CLOCK_EXPIRY", "1");
+        }
+        if let Some(ttl) = spec.idle_ttl {
+            command.args(["--session-idle-ttl", &format!("{}ms", ttl.as_millis())]);
         }
         let child = command
             .spawn()
