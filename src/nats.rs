@@ -431,7 +431,8 @@ impl Inner {
                 Some((revision, entry)) => Read::Live { revision, entry },
                 None => self.read(id, &key).await?,
             };
-            let now = self.now();
+            let stream_now = self.clock.now();
+            let now = stream_now.unwrap_or_else(unix_millis);
             let read_revision = match &read {
                 Read::Live { revision, .. } => Some(*revision),
                 Read::Absent { .. } => None,
@@ -500,7 +501,12 @@ impl Inner {
                     events: kinds,
                     unix_nanos: nanos,
                 };
-                self.cache.put(id, revision, written);
+                // Decided before this replica knew the stream's clock, the
+                // entry holds a time of its own clock, which a later touch
+                // check must not trust: the next call reads the stamped one.
+                if stream_now.is_some() {
+                    self.cache.put(id, revision, written);
+                }
                 self.count(call, &decision);
                 return Ok(decision);
             }
