@@ -1,8 +1,11 @@
 //! `respcoord-bench wire`: the workloads over the real gRPC wire, against
-//! respcoord and the empty server in the same run, rounds alternating which
-//! goes first; the load itself is in `load`, the printed report in `report`.
+//! respcoord and the empty server (and, for barge-in, a Redis + Lua
+//! baseline) in the same run, rounds alternating which goes first; the load
+//! itself is in `load`, the baseline in `redis`, the printed report in
+//! `report`.
 
 mod load;
+mod redis;
 mod report;
 
 use std::{collections::HashMap, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
@@ -100,12 +103,18 @@ pub struct WireArgs {
     /// Worker threads of the load generator's runtime (default: cores).
     #[arg(long)]
     client_threads: Option<usize>,
+    /// The Redis the `redis` target (barge-in only: M3 Start as a Lua
+    /// script) calls; skipped, saying so, where none answers.
+    #[arg(long, default_value = "127.0.0.1:6379")]
+    redis: String,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, ValueEnum)]
 pub enum Target {
     Empty,
     Respcoord,
+    /// The do-it-yourself baseline: Redis + Lua (`redis`), barge-in only.
+    Redis,
 }
 
 impl Target {
@@ -113,7 +122,28 @@ impl Target {
         match self {
             Target::Empty => "empty",
             Target::Respcoord => "respcoord",
+            Target::Redis => "redis",
         }
+    }
+}
+
+/// One target's load of a round, on whatever it speaks.
+async fn run_target(
+    target: Target,
+    url: String,
+    plan: Arc<Plan>,
+    args: WireArgs,
+) -> Result<load::RunResult, String> {
+    match target {
+        Target::Redis => {
+            let workers = args.connections.max(1) * args.in_flight.max(1);
+            let load = redis::run(url, plan, workers).await?;
+            Ok(load::RunResult {
+                load,
+                delivery: None,
+            })
+        }
+        Target::Empty | Target::Respcoord => run(url, plan, args).await,
     }
 }
 
@@ -210,6 +240,15 @@ pub fn wire(args: WireArgs) -> ExitCode {
             .as_deref()
             .map_or("in-process (fresh registry, default config, per workload and round)".to_owned(), |e| format!("at {e}")),
     );
+    let mut servers = args.servers.clone();
+    if servers.contains(&Target::Redis) {
+        if let Err(why) = client_runtime.block_on(redis::available(&args.redis)) {
+            println!("redis + lua baseline: skipped: {why}");
+            servers.retain(|&target| target != Target::Redis);
+        } else if !args.workloads.contains(&Workload::BargeIn) {
+            println!("redis + lua baseline: runs in barge-in only (M3 Start as a script)");
+        }
+    }
     let empty = start_empty(&server_runtime);
     let prefix = format!("bench-{}", std::process::id());
     let mut outcomes: HashMap<Workload, Outcome> = HashMap::new();
@@ -221,17 +260,18 @@ pub fn wire(args: WireArgs) -> ExitCode {
         let mut pooled: HashMap<Target, (Sample, Delivery)> = HashMap::new();
         let mut round_throughput_ratios = Vec::new();
         let mut round_p99_ratios = Vec::new();
+        let mut round_redis_ratios: Vec<(f64, f64)> = Vec::new();
         for round in 0..args.rounds.max(1) {
-            let order = if round % 2 == 0 {
-                [Target::Empty, Target::Respcoord]
-            } else {
-                [Target::Respcoord, Target::Empty]
-            };
-            let mut this_round: HashMap<Target, (f64, Option<u64>)> = HashMap::new();
+            let mut order = vec![Target::Empty, Target::Respcoord, Target::Redis];
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            order.retain(|target| servers.contains(target));
+            if workload != Workload::BargeIn {
+                order.retain(|&target| target != Target::Redis);
+            }
+            let mut jobs = Vec::new();
             for target in order {
-                if !args.servers.contains(&target) {
-                    continue;
-                }
                 let tag = format!("{prefix}-r{round}-{}", target.name());
                 let plan = Arc::new(Plan {
                     workload,
@@ -242,25 +282,40 @@ pub fn wire(args: WireArgs) -> ExitCode {
                     duration: args.duration,
                 });
                 let local = match (target, &args.endpoint) {
-                    (Target::Empty, _) | (Target::Respcoord, Some(_)) => None,
                     (Target::Respcoord, None) => Some(start_respcoord(
                         &server_runtime,
                         Registry::new(RegistryConfig::default()),
                     )),
+                    _ => None,
                 };
                 let url = match (target, &local, &args.endpoint) {
                     (Target::Empty, _, _) => empty.url.clone(),
+                    (Target::Redis, _, _) => args.redis.clone(),
                     (_, Some(local), _) => local.url.clone(),
                     (_, None, Some(endpoint)) => endpoint.clone(),
                     (_, None, None) => unreachable!("respcoord is local or an endpoint"),
                 };
-                let result = client_runtime.block_on(run(url, Arc::clone(&plan), args.clone()));
+                jobs.push((target, plan, local, url));
+            }
+            let results: Vec<(Target, Result<load::RunResult, String>)> = jobs
+                .iter()
+                .map(|(target, plan, _, url)| {
+                    let load = run_target(*target, url.clone(), Arc::clone(plan), args.clone());
+                    (*target, client_runtime.block_on(load))
+                })
+                .collect();
+            for (_, _, local, _) in jobs {
                 if let Some(local) = local {
                     local.shut(&server_runtime);
                 }
+            }
+            let mut this_round: HashMap<Target, (f64, Option<u64>)> = HashMap::new();
+            for (target, result) in results {
                 match result {
                     Ok(mut result) => {
-                        let server_in_process = target == Target::Empty || in_process;
+                        // Redis runs in its own process.
+                        let server_in_process =
+                            target == Target::Empty || (target == Target::Respcoord && in_process);
                         let (line, p) = describe(target, &mut result.load, server_in_process);
                         println!("  round {round}  {line}");
                         this_round.insert(target, (result.load.throughput(), p.map(|p| p.p99)));
@@ -281,6 +336,16 @@ pub fn wire(args: WireArgs) -> ExitCode {
                     }
                 }
             }
+            if let Some((redis, _)) = this_round.get(&Target::Redis) {
+                let over =
+                    |target: Target| this_round.get(&target).map(|(t, _)| t / redis.max(1e-9));
+                if let (Some(coord), Some(empty)) = (over(Target::Respcoord), over(Target::Empty)) {
+                    round_redis_ratios.push((coord, empty));
+                    println!(
+                        "  round {round}  throughput over redis: respcoord {coord:.3}x, empty {empty:.3}x (the protocol's bound)"
+                    );
+                }
+            }
             if let (Some((e, e99)), Some((c, c99))) = (
                 this_round.get(&Target::Empty),
                 this_round.get(&Target::Respcoord),
@@ -296,6 +361,16 @@ pub fn wire(args: WireArgs) -> ExitCode {
             }
         }
         println!("  load average now: {}", loadavg());
+        if !round_redis_ratios.is_empty() {
+            let mut coord: Vec<f64> = round_redis_ratios.iter().map(|r| r.0).collect();
+            let mut empty: Vec<f64> = round_redis_ratios.iter().map(|r| r.1).collect();
+            println!(
+                "  MEDIAN over {} rounds, throughput over redis + lua: respcoord {:.3}x, empty server {:.3}x (the protocol's bound)",
+                round_redis_ratios.len(),
+                median(&mut coord),
+                median(&mut empty)
+            );
+        }
         let (Some((mut empty_sample, _)), Some((mut coord_sample, delivery))) = (
             pooled.remove(&Target::Empty),
             pooled.remove(&Target::Respcoord),

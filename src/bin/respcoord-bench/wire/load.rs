@@ -273,8 +273,7 @@ pub async fn worker(
         until,
         sample: Sample::default(),
     };
-    let mut rng =
-        Rng(0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9));
+    let mut rng = Rng::seeded(index);
     let mut round = 0usize;
     let mut calls = 0u64;
     while Instant::now() < until {
@@ -429,7 +428,12 @@ pub async fn read_watch(
 pub struct Rng(u64);
 
 impl Rng {
-    fn below(&mut self, n: usize) -> usize {
+    /// Worker `index`'s own sequence.
+    pub fn seeded(index: usize) -> Self {
+        Rng(0x9E37_79B9_7F4A_7C15 ^ (index as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9))
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
