@@ -141,6 +141,43 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         })
         .await
     };
+    // The same compare-and-set while one ordered consumer reads every write,
+    // as each respcoord replica's follower does to serve watches and keep its
+    // mirror: the bound of a design where every replica sees every write.
+    let followed = {
+        let stream = js
+            .get_stream(format!("KV_{raw_bucket}"))
+            .await
+            .map_err(|e| format!("raw stream: {e}"))?;
+        let stop = CancellationToken::new();
+        let follower = tokio::spawn(follow_all(stream, stop.clone()));
+        let kv = kv.clone();
+        let revisions = Arc::clone(&revisions);
+        let value = bytes::Bytes::from(vec![7u8; 96]);
+        let side = drive(args.concurrency, args.duration, move |lane, n| {
+            let kv = kv.clone();
+            let value = value.clone();
+            let revisions = Arc::clone(&revisions);
+            async move {
+                let slot = lane * per + (n as usize % per);
+                let expected = revisions[slot].load(std::sync::atomic::Ordering::Relaxed);
+                match kv.update(format!("k{slot}"), value, expected).await {
+                    Ok(revision) => {
+                        revisions[slot].store(revision, std::sync::atomic::Ordering::Relaxed);
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+        stop.cancel();
+        let delivered = follower
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("follower: {e}"))?;
+        (side, delivered)
+    };
     let mut raw_reads = {
         let kv = kv.clone();
         drive(args.concurrency, args.duration, move |lane, n| {
@@ -259,6 +296,13 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         rate / raw_rate.max(1e-9),
         p99 as f64 / (raw_p99.max(1)) as f64
     );
+    let (mut followed, delivered) = followed;
+    let (followed_rate, followed_p99) = followed.print("raw CAS + a follower");
+    println!(
+        "ratio respcoord/raw CAS with a follower ({delivered} writes delivered to it): throughput {:.2}x, p99 {:.2}x",
+        rate / followed_rate.max(1e-9),
+        p99 as f64 / (followed_p99.max(1)) as f64
+    );
     let (read_rate, read_p99) = raw_reads.print("raw KV read");
     let (state_rate, state_p99) = states.print("respcoord GetState");
     println!(
@@ -268,6 +312,36 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         state_rate / raw_rate.max(1e-9)
     );
     Ok(())
+}
+
+/// Reads every new message of `stream` with one ordered consumer until
+/// `stop`; how many it read.
+async fn follow_all(
+    stream: async_nats::jetstream::stream::Stream,
+    stop: CancellationToken,
+) -> Result<u64, String> {
+    use async_nats::jetstream::consumer::{pull::OrderedConfig, DeliverPolicy};
+    use tokio_stream::StreamExt as _;
+
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            deliver_policy: DeliverPolicy::New,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+    let mut delivered = 0;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(delivered),
+            message = messages.next() => match message {
+                Some(Ok(_)) => delivered += 1,
+                Some(Err(error)) => return Err(error.to_string()),
+                None => return Ok(delivered),
+            },
+        }
+    }
 }
 
 /// Calls per second and latency samples of one side.
