@@ -112,32 +112,22 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         .get_key_value(raw_bucket.as_str())
         .await
         .map_err(|e| format!("raw bucket: {e}"))?;
-    let value = bytes::Bytes::from(vec![7u8; 96]);
     let keys = args.concurrency * args.sessions_per_caller;
-    let revisions: Arc<Vec<std::sync::atomic::AtomicU64>> = Arc::new(
-        (0..keys)
-            .map(|_| std::sync::atomic::AtomicU64::new(0))
-            .collect(),
-    );
+    let raw_writes = RawWrites {
+        kv: kv.clone(),
+        value: bytes::Bytes::from(vec![7u8; 96]),
+        revisions: Arc::new(
+            (0..keys)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+        ),
+        per_caller: args.sessions_per_caller,
+    };
     let per = args.sessions_per_caller;
     let mut raw = {
-        let kv = kv.clone();
-        let revisions = Arc::clone(&revisions);
+        let writes = raw_writes.clone();
         drive(args.concurrency, args.duration, move |lane, n| {
-            let kv = kv.clone();
-            let value = value.clone();
-            let revisions = Arc::clone(&revisions);
-            async move {
-                let slot = lane * per + (n as usize % per);
-                let expected = revisions[slot].load(std::sync::atomic::Ordering::Relaxed);
-                match kv.update(format!("k{slot}"), value, expected).await {
-                    Ok(revision) => {
-                        revisions[slot].store(revision, std::sync::atomic::Ordering::Relaxed);
-                        true
-                    }
-                    Err(_) => false,
-                }
-            }
+            writes.clone().write(lane, n)
         })
         .await
     };
@@ -151,24 +141,9 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
             .map_err(|e| format!("raw stream: {e}"))?;
         let stop = CancellationToken::new();
         let follower = tokio::spawn(follow_all(stream, stop.clone()));
-        let kv = kv.clone();
-        let revisions = Arc::clone(&revisions);
-        let value = bytes::Bytes::from(vec![7u8; 96]);
+        let writes = raw_writes.clone();
         let side = drive(args.concurrency, args.duration, move |lane, n| {
-            let kv = kv.clone();
-            let value = value.clone();
-            let revisions = Arc::clone(&revisions);
-            async move {
-                let slot = lane * per + (n as usize % per);
-                let expected = revisions[slot].load(std::sync::atomic::Ordering::Relaxed);
-                match kv.update(format!("k{slot}"), value, expected).await {
-                    Ok(revision) => {
-                        revisions[slot].store(revision, std::sync::atomic::Ordering::Relaxed);
-                        true
-                    }
-                    Err(_) => false,
-                }
-            }
+            writes.clone().write(lane, n)
         })
         .await;
         stop.cancel();
@@ -312,6 +287,35 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         state_rate / raw_rate.max(1e-9)
     );
     Ok(())
+}
+
+/// The baseline's compare-and-set: each caller cycles over its keys with
+/// the revision the previous write returned.
+#[derive(Clone)]
+struct RawWrites {
+    kv: async_nats::jetstream::kv::Store,
+    value: bytes::Bytes,
+    revisions: Arc<Vec<std::sync::atomic::AtomicU64>>,
+    per_caller: usize,
+}
+
+impl RawWrites {
+    async fn write(self, lane: usize, n: u64) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let slot = lane * self.per_caller + (n as usize % self.per_caller);
+        let expected = self.revisions[slot].load(Relaxed);
+        match self
+            .kv
+            .update(format!("k{slot}"), self.value, expected)
+            .await
+        {
+            Ok(revision) => {
+                self.revisions[slot].store(revision, Relaxed);
+                true
+            }
+            Err(_) => false,
+        }
+    }
 }
 
 /// Reads every new message of `stream` with one ordered consumer until
