@@ -46,6 +46,9 @@ redis.call('HSET', KEYS[1], 'live', id)
 return {id, superseded, revision}
 ";
 
+/// The longest bulk reply read (SCRIPT LOAD's sha1 is 40 bytes).
+const MAX_BULK: usize = 64 * 1024;
+
 /// A RESP2 reply, as much of it as the baseline reads.
 #[derive(Debug)]
 enum Reply {
@@ -127,6 +130,11 @@ fn read_reply(
                 let Ok(len) = usize::try_from(number()?) else {
                     return Ok(Reply::Bulk(None));
                 };
+                // The baseline's replies are a few bytes: a length beyond
+                // this is a broken stream, not something to allocate.
+                if len > MAX_BULK {
+                    return Err(format!("redis sent a {len}-byte bulk reply"));
+                }
                 let mut data = vec![0; len + 2];
                 reader
                     .read_exact(&mut data)
@@ -137,6 +145,9 @@ fn read_reply(
             }
             "*" => {
                 let count = usize::try_from(number()?).unwrap_or(0);
+                if count > MAX_BULK {
+                    return Err(format!("redis sent a {count}-item array"));
+                }
                 let mut items = Vec::with_capacity(count.min(16));
                 for _ in 0..count {
                     items.push(read_reply(reader).await?);
