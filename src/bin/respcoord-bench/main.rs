@@ -17,6 +17,10 @@
 //!   got back, no read) on the same NATS server, same concurrency, in one run;
 //!   prints both and the ratio.
 //!
+//! - `respcoord-bench paired`: respcoord and the empty server as processes
+//!   pinned to the same CPUs, loaded at the same time by h2load replaying
+//!   one pre-encoded request each; the ratio of their throughputs.
+//!
 //! Only loopback is ever targeted: the in-process servers listen on
 //! 127.0.0.1, and `--endpoint` must resolve to loopback addresses. Every run
 //! is bounded by `--warmup` + `--duration` per workload and server.
@@ -28,6 +32,7 @@
 mod cluster;
 mod measure;
 mod memory;
+mod paired;
 mod servers;
 mod wire;
 
@@ -42,7 +47,7 @@ use clap::{Parser, Subcommand};
 use respcoord::proto::v1::response_coordinator_client::ResponseCoordinatorClient;
 use tonic::transport::Channel;
 
-use crate::{cluster::ClusterArgs, memory::MemoryArgs, wire::WireArgs};
+use crate::{cluster::ClusterArgs, memory::MemoryArgs, paired::PairedArgs, wire::WireArgs};
 
 type Client = ResponseCoordinatorClient<Channel>;
 
@@ -65,6 +70,15 @@ enum Command {
     /// The NATS backend against raw JetStream KV compare-and-set on the same
     /// server, in one run.
     Cluster(ClusterArgs),
+    /// respcoord and the empty server pinned to the same CPUs, loaded at
+    /// once by h2load (nghttp2-client), in one run.
+    Paired(PairedArgs),
+    /// The empty server alone, for `paired` (which starts it).
+    #[command(hide = true)]
+    EmptyServer {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+    },
 }
 
 fn duration(raw: &str) -> Result<Duration, String> {
@@ -78,5 +92,34 @@ fn main() -> ExitCode {
         Command::Wire(args) => wire::wire(args),
         Command::Memory(args) => memory::memory(args),
         Command::Cluster(args) => cluster::cluster(args),
+        Command::Paired(args) => paired::paired(args),
+        Command::EmptyServer { listen } => empty_server(listen),
     }
+}
+
+/// Serves the empty server at `listen` until killed; its runtime has as
+/// many workers as the CPUs it may run on (`paired` pins it).
+fn empty_server(listen: std::net::SocketAddr) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        match tokio::net::TcpListener::bind(listen).await {
+            Ok(listener) => {
+                servers::serve_empty(listener, std::future::pending()).await;
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("empty server: {listen}: {error}");
+                ExitCode::FAILURE
+            }
+        }
+    })
 }

@@ -89,7 +89,12 @@ pub fn rss_bytes() -> u64 {
 /// CPU time (user + system) of the whole process so far, from
 /// /proc/self/stat (clock ticks of 1/100 s, Linux's USER_HZ).
 pub fn process_cpu() -> Duration {
-    let ticks = std::fs::read_to_string("/proc/self/stat")
+    process_cpu_of("self")
+}
+
+/// As [`process_cpu`], of the process `pid` (a number, or `self`).
+pub fn process_cpu_of(pid: &str) -> Duration {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| {
             // Fields after the parenthesised command name; utime and stime

@@ -96,24 +96,21 @@ pub fn bind(runtime: &Runtime) -> (TcpListener, SocketAddr) {
     (listener, addr)
 }
 
+/// Serves the empty server on `listener` until `stop`.
+pub async fn serve_empty(listener: TcpListener, stop: impl std::future::Future<Output = ()>) {
+    let served = Server::builder()
+        .add_service(ResponseCoordinatorServer::new(Empty))
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), stop)
+        .await;
+    if let Err(error) = served {
+        eprintln!("empty server: {error}");
+    }
+}
+
 pub fn start_empty(runtime: &Runtime) -> Running {
     let (listener, addr) = bind(runtime);
     let stop = CancellationToken::new();
-    let handle = runtime.spawn({
-        let stop = stop.clone();
-        async move {
-            let served = Server::builder()
-                .add_service(ResponseCoordinatorServer::new(Empty))
-                .serve_with_incoming_shutdown(
-                    TcpIncoming::from(listener).with_nodelay(Some(true)),
-                    stop.cancelled_owned(),
-                )
-                .await;
-            if let Err(error) = served {
-                eprintln!("empty server: {error}");
-            }
-        }
-    });
+    let handle = runtime.spawn(serve_empty(listener, stop.clone().cancelled_owned()));
     Running {
         url: format!("http://{addr}"),
         stop,
