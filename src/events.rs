@@ -54,7 +54,11 @@ pub struct EventLog {
 
 struct LogInner {
     next_seq: u64,
-    retained: VecDeque<SharedEvent>,
+    /// The events themselves, not shared pointers: evicting a pointer
+    /// touched the event's allocation (its count, then the free) one full
+    /// window after it was made, a cache miss or more per event; in place,
+    /// the window is one sequential ring (docs/performance.md).
+    retained: VecDeque<LifecycleEvent>,
     retained_capacity: usize,
     /// Every seq up to here has been dropped from `retained`.
     evicted_through: u64,
@@ -116,7 +120,7 @@ impl EventLog {
             if event.seq < inner.next_seq {
                 continue;
             }
-            inner.retain(event.clone());
+            inner.retain(event);
             let _ = inner.watch_all.send(event.clone());
             if let Some(watchers) = session_watchers {
                 let _ = watchers.send(event.clone());
@@ -169,7 +173,7 @@ impl EventLog {
     ) -> Result<Subscription, CoordError> {
         let inner = self.lock();
         let live = inner.watch_all.subscribe();
-        let mut backlog = VecDeque::new();
+        let mut retained = Vec::new();
         let mut skip_through = 0;
         if let Some(after) = after_seq {
             // 0 means "from this coordinator's first event".
@@ -182,10 +186,13 @@ impl EventLog {
                 });
             }
             let start = inner.retained.partition_point(|e| e.seq <= after);
-            backlog.extend(inner.retained.range(start..).cloned());
+            retained.extend(inner.retained.range(start..).cloned());
             skip_through = after;
         }
         drop(inner);
+        // Shared outside the lock: a resume from far back is one allocation
+        // per event, which transitions need not wait for.
+        let backlog = retained.into_iter().map(Arc::new).collect();
         Ok(Subscription::new(
             Scope::All {
                 skip_through_seq: skip_through,
@@ -229,7 +236,7 @@ impl Append<'_> {
             "events carry consecutive seqs from next_seq"
         );
         for event in events {
-            self.inner.retain(event.clone());
+            self.inner.retain(event);
             // An error only means nobody is watching right now.
             let _ = self.inner.watch_all.send(event.clone());
             if let Some(watchers) = session_watchers {
@@ -242,7 +249,7 @@ impl Append<'_> {
 }
 
 impl LogInner {
-    fn retain(&mut self, event: SharedEvent) {
+    fn retain(&mut self, event: &LifecycleEvent) {
         if self.retained_capacity == 0 {
             self.evicted_through = event.seq;
             return;
@@ -252,7 +259,7 @@ impl LogInner {
                 self.evicted_through = old.seq;
             }
         }
-        self.retained.push_back(event);
+        self.retained.push_back(event.clone());
     }
 }
 
