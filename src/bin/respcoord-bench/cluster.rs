@@ -49,15 +49,8 @@ pub struct ClusterArgs {
 }
 
 pub fn cluster(args: ClusterArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = crate::runtime(tokio::runtime::Builder::new_multi_thread()) else {
+        return ExitCode::FAILURE;
     };
     match runtime.block_on(cluster_run(args)) {
         Ok(()) => ExitCode::SUCCESS,

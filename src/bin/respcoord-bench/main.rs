@@ -100,15 +100,8 @@ fn main() -> ExitCode {
 /// Serves the empty server at `listen` until killed; its runtime has as
 /// many workers as the CPUs it may run on (`paired` pins it).
 fn empty_server(listen: std::net::SocketAddr) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime(tokio::runtime::Builder::new_multi_thread()) else {
+        return ExitCode::FAILURE;
     };
     runtime.block_on(async {
         match tokio::net::TcpListener::bind(listen).await {
@@ -122,4 +115,13 @@ fn empty_server(listen: std::net::SocketAddr) -> ExitCode {
             }
         }
     })
+}
+
+/// A command's runtime, or `None` having said why there is none.
+fn runtime(mut builder: tokio::runtime::Builder) -> Option<tokio::runtime::Runtime> {
+    builder
+        .enable_all()
+        .build()
+        .map_err(|error| eprintln!("runtime: {error}"))
+        .ok()
 }

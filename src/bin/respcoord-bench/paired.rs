@@ -179,15 +179,8 @@ struct Driven {
 }
 
 pub fn paired(args: PairedArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = crate::runtime(tokio::runtime::Builder::new_current_thread()) else {
+        return ExitCode::FAILURE;
     };
     match run(&args, &runtime) {
         Ok(()) => ExitCode::SUCCESS,
