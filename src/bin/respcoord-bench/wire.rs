@@ -270,7 +270,7 @@ pub fn wire(args: WireArgs) -> ExitCode {
             if workload != Workload::BargeIn {
                 order.retain(|&target| target != Target::Redis);
             }
-            let mut jobs = Vec::new();
+            let mut this_round: HashMap<Target, (f64, Option<u64>)> = HashMap::new();
             for target in order {
                 let tag = format!("{prefix}-r{round}-{}", target.name());
                 let plan = Arc::new(Plan {
@@ -281,6 +281,7 @@ pub fn wire(args: WireArgs) -> ExitCode {
                     warmup: args.warmup,
                     duration: args.duration,
                 });
+                // A fresh respcoord per run, up only while its own load runs.
                 let local = match (target, &args.endpoint) {
                     (Target::Respcoord, None) => Some(start_respcoord(
                         &server_runtime,
@@ -295,22 +296,10 @@ pub fn wire(args: WireArgs) -> ExitCode {
                     (_, None, Some(endpoint)) => endpoint.clone(),
                     (_, None, None) => unreachable!("respcoord is local or an endpoint"),
                 };
-                jobs.push((target, plan, local, url));
-            }
-            let results: Vec<(Target, Result<load::RunResult, String>)> = jobs
-                .iter()
-                .map(|(target, plan, _, url)| {
-                    let load = run_target(*target, url.clone(), Arc::clone(plan), args.clone());
-                    (*target, client_runtime.block_on(load))
-                })
-                .collect();
-            for (_, _, local, _) in jobs {
+                let result = client_runtime.block_on(run_target(target, url, plan, args.clone()));
                 if let Some(local) = local {
                     local.shut(&server_runtime);
                 }
-            }
-            let mut this_round: HashMap<Target, (f64, Option<u64>)> = HashMap::new();
-            for (target, result) in results {
                 match result {
                     Ok(mut result) => {
                         // Redis runs in its own process.
