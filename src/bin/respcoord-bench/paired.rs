@@ -95,24 +95,31 @@ impl PairedWorkload {
         }
     }
 
-    /// The request as gRPC puts it on the wire: uncompressed flag, length,
-    /// message.
-    fn frame(self) -> Vec<u8> {
+    /// The one request this workload sends, to h2load and to the check alike.
+    fn request(self) -> Request {
         let session_id = HOT_SESSION.to_owned();
-        let message = match self {
-            PairedWorkload::GetState => pb::GetStateRequest { session_id }.encode_to_vec(),
-            PairedWorkload::Start => pb::StartRequest {
+        match self {
+            PairedWorkload::GetState => Request::GetState(pb::GetStateRequest { session_id }),
+            PairedWorkload::Start => Request::Start(pb::StartRequest {
                 session_id,
                 source: pb::Source::Vad.into(),
                 request_id: String::new(),
-            }
-            .encode_to_vec(),
-            PairedWorkload::Cancel => pb::CancelRequest {
+            }),
+            PairedWorkload::Cancel => Request::Cancel(pb::CancelRequest {
                 session_id,
                 source: pb::Source::Client.into(),
                 if_response_id: 0,
-            }
-            .encode_to_vec(),
+            }),
+        }
+    }
+
+    /// The request as gRPC puts it on the wire: uncompressed flag, length,
+    /// message.
+    fn frame(self) -> Vec<u8> {
+        let message = match self.request() {
+            Request::GetState(request) => request.encode_to_vec(),
+            Request::Start(request) => request.encode_to_vec(),
+            Request::Cancel(request) => request.encode_to_vec(),
         };
         let length = u32::try_from(message.len()).unwrap_or(u32::MAX);
         let mut frame = Vec::with_capacity(5 + message.len());
@@ -124,30 +131,18 @@ impl PairedWorkload {
 
     /// Sends the request once through a real client: it must succeed.
     async fn call_once(self, client: &mut Client) -> Result<(), tonic::Status> {
-        let session_id = HOT_SESSION.to_owned();
-        match self {
-            PairedWorkload::GetState => client
-                .get_state(pb::GetStateRequest { session_id })
-                .await
-                .map(drop),
-            PairedWorkload::Start => client
-                .start(pb::StartRequest {
-                    session_id,
-                    source: pb::Source::Vad.into(),
-                    request_id: String::new(),
-                })
-                .await
-                .map(drop),
-            PairedWorkload::Cancel => client
-                .cancel(pb::CancelRequest {
-                    session_id,
-                    source: pb::Source::Client.into(),
-                    if_response_id: 0,
-                })
-                .await
-                .map(drop),
+        match self.request() {
+            Request::GetState(request) => client.get_state(request).await.map(drop),
+            Request::Start(request) => client.start(request).await.map(drop),
+            Request::Cancel(request) => client.cancel(request).await.map(drop),
         }
     }
+}
+
+enum Request {
+    GetState(pb::GetStateRequest),
+    Start(pb::StartRequest),
+    Cancel(pb::CancelRequest),
 }
 
 /// A server process, killed when dropped.
