@@ -3,7 +3,14 @@
 //! Each constructor enforces the contract's rules, so a value of these types is
 //! valid by construction and nothing past the edge re-checks it.
 
-use std::{borrow::Borrow, fmt, num::NonZeroU64, sync::Arc};
+use std::{
+    borrow::Borrow,
+    fmt,
+    hash::{Hash, Hasher},
+    num::NonZeroU64,
+};
+
+use arcstr::ArcStr;
 
 /// Longest session id the contract accepts, in bytes.
 pub const MAX_SESSION_ID_BYTES: usize = 256;
@@ -23,10 +30,21 @@ pub enum IdError {
 
 /// A session id: 1 to 256 bytes of UTF-8 with no Unicode `Cc` characters.
 ///
-/// Shared (`Arc<str>`) because the same id is the registry key, the expiry
-/// entry and a field of every event the session emits; clones are a refcount.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SessionId(Arc<str>);
+/// Shared because the same id is the registry key, the expiry entry and a
+/// field of every event the session emits; clones are a refcount. One word
+/// (`ArcStr` keeps the length beside the count), not `Arc<str>`'s two: a
+/// million held sessions store it twice each, in their table slot and their
+/// expiry entry.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SessionId(ArcStr);
+
+/// Hashes exactly as the `str` it borrows as, which the registry's
+/// `&str` lookups rely on.
+impl Hash for SessionId {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
 
 impl SessionId {
     pub fn parse(raw: &str) -> Result<Self, IdError> {
@@ -45,7 +63,7 @@ impl SessionId {
                 at,
             });
         }
-        Ok(Self(Arc::from(raw)))
+        Ok(Self(ArcStr::from(raw)))
     }
 
     pub fn as_str(&self) -> &str {
@@ -134,7 +152,7 @@ impl fmt::Display for ResponseId {
 pub enum SessionScope {
     #[default]
     All,
-    Prefix(Arc<str>),
+    Prefix(ArcStr),
 }
 
 impl SessionScope {

@@ -310,8 +310,10 @@ impl Inner {
         );
         let newly_terminated =
             decision.before != Phase::Terminated && decision.state.phase == Phase::Terminated;
-        let deadline = session.next_deadline(self.ttls).saturating_add(1);
-        if decision.created || (newly_terminated && deadline < session.expiry_entry()) {
+        // A new tombstone's deadline may come before the live entry's (the
+        // idle one), so it gets its own entry; the older one is then stale.
+        if decision.created || newly_terminated {
+            let deadline = session.next_deadline(self.ttls).saturating_add(1);
             self.file_expiry(expiry, session, id, deadline);
         }
         Ok(decision)

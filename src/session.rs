@@ -7,11 +7,18 @@
 
 use std::collections::VecDeque;
 
+use history::{History, RetainedEvent};
+
 use crate::{
     event::{Change, LifecycleEvent, SharedEvent},
     ids::{RequestId, ResponseId, SessionId},
-    machine::{self, EventKind, FinishStatus, Input, Outcome, Phase, Source, TeardownReason},
+    machine::{
+        self, ActiveResponse, EventKind, FinishStatus, Input, Outcome, Phase, Source,
+        TeardownReason,
+    },
 };
+
+mod history;
 
 /// A point on the coordinator's monotonic clock, in milliseconds since it
 /// started. The registry's clock supplies it; tests supply their own.
@@ -125,24 +132,23 @@ pub struct Ttls {
     pub tombstone: Millis,
 }
 
-/// A retained event, without what the session already knows (its id, and its
-/// revision, which follows from its position). A million idle sessions keep
-/// their last events, so this is kept to 32 bytes and stored inline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct RetainedEvent {
-    seq: u64,
-    unix_nanos: i64,
-    kind: EventKind,
-}
-
 /// Clone, Eq and Hash let model checkers hold sessions as state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+///
+/// A million idle sessions are a million of these in the registry's tables,
+/// so the record is laid out to fit 64 bytes: the phase is kept as its kind
+/// and the live response's id side by side (a `Phase` field would be 16
+/// bytes with padding that no other field can use), and the expiry entry is
+/// remembered by the low half of its due time.
 pub struct Session {
-    phase: Phase,
+    phase: PhaseKind,
+    /// The live response's id while `phase` is active; `ResponseId::MIN`
+    /// otherwise, so equal sessions compare equal.
+    active_response: ResponseId,
     revision: u64,
     responses_started: u64,
-    /// The last events, oldest first; the newest has revision `revision`.
-    history: VecDeque<RetainedEvent>,
+    /// The last events; the newest has revision `revision`.
+    history: History,
     /// Boxed and created on first use: most sessions never send a request id,
     /// and this keeps them a pointer smaller.
     #[allow(clippy::box_collection)]
@@ -151,26 +157,66 @@ pub struct Session {
     /// once terminated, the time of termination (the tombstone TTL counts
     /// from it). One field because a session never needs both.
     since: Millis,
-    /// Due time of this session's live entry in the registry's expiry index;
-    /// entries with another time are stale and skipped.
-    expiry_entry: Millis,
+    /// The low 32 bits of the due time of this session's live entry in the
+    /// registry's expiry index; entries with another time are stale and
+    /// skipped. Two of one session's entries 2^32 ms (49.7 days) apart would
+    /// both be taken for live, which costs only a refile: the expiry decision
+    /// checks the deadline itself.
+    expiry_entry: u32,
+}
+
+/// [`Phase`] without the live response's id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum PhaseKind {
+    Idle,
+    Active(Source),
+    Terminated,
 }
 
 impl Session {
     pub fn new(now: Millis) -> Self {
-        Self {
-            phase: Phase::Idle,
-            revision: 0,
-            responses_started: 0,
-            history: VecDeque::new(),
-            replays: None,
-            since: now,
+        Self::with_phase(Phase::Idle, 0, 0, None, now)
+    }
+
+    #[allow(clippy::box_collection)] // as the `replays` field
+    fn with_phase(
+        phase: Phase,
+        revision: u64,
+        responses_started: u64,
+        replays: Option<Box<VecDeque<(RequestId, StartRecord)>>>,
+        since: Millis,
+    ) -> Self {
+        let mut session = Self {
+            phase: PhaseKind::Idle,
+            active_response: ResponseId::MIN,
+            revision,
+            responses_started,
+            history: History::default(),
+            replays,
+            since,
             expiry_entry: 0,
-        }
+        };
+        session.set_phase(phase);
+        session
     }
 
     pub fn phase(&self) -> Phase {
-        self.phase
+        match self.phase {
+            PhaseKind::Idle => Phase::Idle,
+            PhaseKind::Active(source) => Phase::Active(ActiveResponse {
+                id: self.active_response,
+                source,
+            }),
+            PhaseKind::Terminated => Phase::Terminated,
+        }
+    }
+
+    fn set_phase(&mut self, phase: Phase) {
+        (self.phase, self.active_response) = match phase {
+            Phase::Idle => (PhaseKind::Idle, ResponseId::MIN),
+            Phase::Active(ActiveResponse { id, source }) => (PhaseKind::Active(source), id),
+            Phase::Terminated => (PhaseKind::Terminated, ResponseId::MIN),
+        };
     }
 
     pub fn revision(&self) -> u64 {
@@ -180,7 +226,7 @@ impl Session {
     pub fn snapshot(&self, session_id: &SessionId) -> SessionSnapshot {
         SessionSnapshot {
             session_id: session_id.clone(),
-            phase: self.phase,
+            phase: self.phase(),
             revision: self.revision,
             responses_started: self.responses_started,
         }
@@ -188,7 +234,7 @@ impl Session {
 
     /// Any call naming the session keeps it alive.
     pub fn touch(&mut self, now: Millis) {
-        if self.phase != Phase::Terminated {
+        if self.phase != PhaseKind::Terminated {
             self.since = self.since.max(now);
         }
     }
@@ -232,7 +278,7 @@ impl Session {
             Call::Cancel { only_if } => Input::Cancel { only_if: *only_if },
             Call::Teardown { reason } => Input::Teardown { reason: *reason },
         };
-        let transition = machine::transition(self.phase, input);
+        let transition = machine::transition(self.phase(), input);
         let change = Change {
             first_revision: self.revision + 1,
             unix_nanos,
@@ -243,19 +289,17 @@ impl Session {
                 self.responses_started += 1;
             }
             self.revision += 1;
-            self.retain(
-                RetainedEvent {
-                    seq: first_seq + offset,
-                    unix_nanos,
-                    kind: *kind,
-                },
-                history_limit,
-            );
+            let retained = RetainedEvent {
+                seq: first_seq + offset,
+                unix_nanos,
+                kind: *kind,
+            };
+            self.history.push(self.revision, retained, history_limit);
         }
-        if transition.next == Phase::Terminated && self.phase != Phase::Terminated {
+        if transition.next == Phase::Terminated && self.phase != PhaseKind::Terminated {
             self.since = now;
         }
-        self.phase = transition.next;
+        self.set_phase(transition.next);
         if let (
             Call::Start {
                 request_id: Some(request_id),
@@ -282,20 +326,6 @@ impl Session {
         (transition.outcome, change)
     }
 
-    fn retain(&mut self, event: RetainedEvent, limit: usize) {
-        if limit == 0 {
-            return;
-        }
-        if self.history.len() >= limit {
-            self.history.pop_front();
-        } else if self.history.len() == self.history.capacity() && self.history.len() < 4 {
-            // Grow one slot at a time while small: most sessions hold only a
-            // handful of events, and doubling would leave half of it empty.
-            self.history.reserve_exact(1);
-        }
-        self.history.push_back(event);
-    }
-
     /// Revision of the oldest retained event.
     fn oldest_retained_revision(&self) -> u64 {
         self.revision + 1 - self.history.len() as u64
@@ -318,7 +348,7 @@ impl Session {
         }
         let skip = usize::try_from(after + 1 - oldest_kept).unwrap_or(usize::MAX);
         Ok((oldest_kept..)
-            .zip(&self.history)
+            .zip(self.history.oldest_first(self.revision))
             .skip(skip)
             .map(|(revision, event)| {
                 LifecycleEvent::shared(
@@ -335,7 +365,7 @@ impl Session {
     /// The durable fields (see [`Persisted`]).
     pub fn persisted(&self) -> Persisted {
         Persisted {
-            phase: self.phase,
+            phase: self.phase(),
             revision: self.revision,
             responses_started: self.responses_started,
             replays: self
@@ -359,30 +389,25 @@ impl Session {
         } = persisted;
         let excess = replays.len().saturating_sub(REPLAY_WINDOW);
         replays.drain(..excess);
-        Self {
-            phase,
-            revision,
-            responses_started,
-            history: VecDeque::new(),
-            replays: (!replays.is_empty()).then(|| Box::new(replays.into())),
-            since,
-            expiry_entry: 0,
-        }
+        let replays = (!replays.is_empty()).then(|| Box::new(replays.into()));
+        Self::with_phase(phase, revision, responses_started, replays, since)
     }
 
-    pub fn expiry_entry(&self) -> Millis {
-        self.expiry_entry
+    /// Whether `due` is (as far as its low half tells) the due time of this
+    /// session's live expiry entry.
+    pub fn is_expiry_entry(&self, due: Millis) -> bool {
+        self.expiry_entry == expiry_marker(due)
     }
 
     pub fn set_expiry_entry(&mut self, due: Millis) {
-        self.expiry_entry = due;
+        self.expiry_entry = expiry_marker(due);
     }
 
     /// The deadline this session's expiry entry should be filed under.
     pub fn next_deadline(&self, ttls: Ttls) -> Millis {
         match self.phase {
-            Phase::Terminated => self.since.saturating_add(ttls.tombstone),
-            Phase::Idle | Phase::Active(_) => self.since.saturating_add(ttls.idle),
+            PhaseKind::Terminated => self.since.saturating_add(ttls.tombstone),
+            PhaseKind::Idle | PhaseKind::Active(_) => self.since.saturating_add(ttls.idle),
         }
     }
 
@@ -395,8 +420,18 @@ impl Session {
             return ExpiryCheck::NotBefore(deadline.saturating_add(1));
         }
         match self.phase {
-            Phase::Terminated => ExpiryCheck::Forget,
-            Phase::Idle | Phase::Active(_) => ExpiryCheck::Expire,
+            PhaseKind::Terminated => ExpiryCheck::Forget,
+            PhaseKind::Idle | PhaseKind::Active(_) => ExpiryCheck::Expire,
         }
     }
 }
+
+/// The low 32 bits of an expiry due time (see `Session::expiry_entry`).
+fn expiry_marker(due: Millis) -> u32 {
+    (due & u64::from(u32::MAX)) as u32
+}
+
+// The layout the doc comment on `Session` promises; a field added without
+// thought fails the build here rather than quietly costing a million slots.
+const _: () = assert!(std::mem::size_of::<Session>() <= 64);
+const _: () = assert!(std::mem::size_of::<SessionId>() == 8);

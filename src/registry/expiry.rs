@@ -92,7 +92,7 @@ impl Inner {
             let Some(session) = sessions.get_mut(id.as_str()) else {
                 continue;
             };
-            if session.expiry_entry() != due {
+            if !session.is_expiry_entry(due) {
                 continue; // superseded by a newer entry for the same session
             }
             let mut append = None;

@@ -132,6 +132,38 @@ async fn tombstones_are_forgotten_and_the_id_can_start_again_with_larger_ids() {
     );
 }
 
+/// A session remembers its live expiry entry by the low 32 bits of its due
+/// time, so a stale entry 2^32 ms (49.7 days) earlier is taken for live. That
+/// may cost a refile, never an early expiry: here the stale idle entry comes
+/// due first and the tombstone is still kept until its own deadline.
+#[tokio::test(start_paused = true)]
+async fn a_stale_expiry_entry_taken_for_live_forgets_nothing_early() {
+    let collision = Duration::from_millis(1 << 32);
+    let registry = Registry::new(RegistryConfig {
+        idle_ttl: IDLE,
+        tombstone_ttl: IDLE + collision,
+        shards: 1,
+        ..Default::default()
+    });
+    let s = sid("s");
+    registry.start(&s, Source::Client, None).unwrap();
+    registry.shutdown(&s).unwrap();
+    advance(IDLE + Duration::from_millis(5)).await;
+    let next = registry.expire_due();
+    assert_eq!(registry.state(&s).unwrap().phase, Phase::Terminated);
+    assert!(next.is_some(), "the tombstone still has an entry");
+    advance(collision - Duration::from_millis(10)).await;
+    registry.expire_due();
+    assert_eq!(registry.state(&s).unwrap().phase, Phase::Terminated);
+    advance(Duration::from_millis(10)).await;
+    registry.expire_due();
+    assert!(matches!(
+        registry.state(&s),
+        Err(CoordError::SessionNotFound(_))
+    ));
+    assert_eq!(registry.session_count(), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_expirer_wakes_for_earlier_deadlines_without_polling() {
     let registry = Registry::new(RegistryConfig {

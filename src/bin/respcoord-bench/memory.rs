@@ -123,8 +123,8 @@ pub fn memory(args: MemoryArgs) -> ExitCode {
     println!("| target | goal | measured | verdict |");
     println!("|---|---|---|---|");
     println!(
-        "| {sessions} sessions after one Start/Finish each, RSS per session | <= 350 B | {per_session:.0} B | {} |",
-        verdict(per_session <= 350.0)
+        "| {sessions} sessions after one Start/Finish each, RSS per session | <= 300 B | {per_session:.0} B | {} |",
+        verdict(per_session <= 300.0)
     );
     if let Some(percent) = idle_line {
         println!(
