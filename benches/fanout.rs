@@ -11,7 +11,7 @@
 //!
 //! The calls run as a task on a two-worker tokio runtime, as in the server
 //! (a handler's wake-ups land on its worker's queue); each watcher is a task
-//! looping on `Subscription::next`, as `grpc::watch::pump` does (without the
+//! looping on `Subscription::next`, as `grpc::watch::responses` does (without the
 //! proto encoding). Every 64 calls the calling task yields, so the watchers
 //! it woke run; the time per iteration therefore includes delivering the
 //! events to every watcher, not just the sends. One iteration = one Start or

@@ -240,25 +240,31 @@ async fn quiet_streams_get_bookmarks_that_never_go_backwards() {
     server.stop().await;
 }
 
-/// Lag is driven below HTTP/2 here, on the real watch pump and registry: an
+/// Lag is driven below HTTP/2 here, on the real watch stream and registry: an
 /// h2 client that leaves many small DATA frames unread closes its own
 /// connection (ENHANCE_YOUR_CALM, h2's small-frame budget) before any
 /// server-side buffer could fill, so over the wire the client's policy, not
 /// ours, would be what the test observed.
 #[tokio::test]
 async fn a_watcher_that_falls_behind_is_ended_with_resource_exhausted() {
-    use respcoord::{grpc::watch::pump, machine::Source as S, registry::Registry};
+    use respcoord::{grpc::watch::responses, machine::Source as S, registry::Registry};
+    use tokio_stream::StreamExt;
     let registry = Registry::new(RegistryConfig {
         watch_all_buffer: 8,
         ..Default::default()
     });
     let subscription = registry.watch_all(None).unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::channel(1);
     let stop = tokio_util::sync::CancellationToken::new();
-    let delivery = tokio::spawn(pump(subscription, tx, WatchSettings::default(), stop));
+    let span = tracing::Span::none();
+    let mut stream = responses(subscription, WatchSettings::default(), stop, None, span);
     let session = respcoord::ids::SessionId::parse("s").unwrap();
-    // The watcher reads nothing while 100 transitions happen; every call
-    // still completes at once (a slow watcher never slows the service).
+    // The watcher reads its first event...
+    registry.start(&session, S::Vad, None).unwrap();
+    let first = tokio::time::timeout(PATIENCE, stream.next()).await.unwrap();
+    let mut delivered = first.unwrap().unwrap().events;
+    assert_eq!(delivered.len(), 1);
+    // ...then nothing while 100 transitions happen; every call still
+    // completes at once (a slow watcher never slows the service).
     let mut last_seq = 0;
     for _ in 0..50 {
         let started = registry.start(&session, S::Client, None).unwrap();
@@ -273,9 +279,8 @@ async fn a_watcher_that_falls_behind_is_ended_with_resource_exhausted() {
         last_seq = registry.published_seq();
         tokio::task::yield_now().await;
     }
-    let mut delivered = Vec::new();
     let status = loop {
-        match tokio::time::timeout(PATIENCE, rx.recv())
+        match tokio::time::timeout(PATIENCE, stream.next())
             .await
             .expect("the watch ends")
         {
@@ -294,7 +299,10 @@ async fn a_watcher_that_falls_behind_is_ended_with_resource_exhausted() {
         status.message().contains(&format!("seq {resume}")),
         "{status:?}"
     );
-    delivery.await.unwrap();
+    assert!(
+        stream.next().await.is_none(),
+        "nothing follows the lag status"
+    );
     // Resuming from there within retention works.
     let mut resumed = registry.watch_all(Some(resume)).unwrap();
     match resumed.next(1024).await.unwrap() {

@@ -43,10 +43,6 @@ async fn metrics_scrape_has_every_series_after_traffic() {
             watch_all_buffer: 8,
             ..Default::default()
         },
-        watch: WatchSettings {
-            stream_buffer: 1,
-            ..Default::default()
-        },
         ..Default::default()
     })
     .await;

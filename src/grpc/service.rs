@@ -9,11 +9,9 @@
 
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
-use tracing::{Instrument, Span};
+use tracing::Span;
 
 use crate::{
     auth::{authorize, caller_scope},
@@ -21,7 +19,7 @@ use crate::{
     error::CoordError,
     grpc::{
         convert::{self, WatchTarget},
-        watch::{self, WatchItem, WatchKind, WatchStats},
+        watch::{self, WatchKind, WatchStats},
     },
     ids::{response_id_or_zero, SessionId},
     machine::Phase,
@@ -200,7 +198,7 @@ impl ResponseCoordinator for CoordinatorService {
         }))
     }
 
-    type WatchStream = ReceiverStream<WatchItem>;
+    type WatchStream = watch::WatchStream;
 
     async fn watch(
         &self,
@@ -234,14 +232,15 @@ impl ResponseCoordinator for CoordinatorService {
             }
             WatchTarget::All { after_seq } => self.coordinator.watch_all(&scope, after_seq).await?,
         };
-        let (tx, rx) = mpsc::channel(self.watch.stream_buffer.max(1));
-        // The pump runs in the RPC's span: the span lasts as long as the
+        // The stream carries the RPC's span: the span lasts as long as the
         // stream, and records how it ended.
-        tokio::spawn(
-            watch::pump_counted(subscription, tx, self.watch, self.shutdown.clone(), slot)
-                .instrument(Span::current()),
-        );
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(watch::responses(
+            subscription,
+            self.watch,
+            self.shutdown.clone(),
+            Some(slot),
+            Span::current(),
+        )))
     }
 }
 

@@ -1,4 +1,4 @@
-//! Delivers one Watch: drains its [`Subscription`] into the response stream,
+//! Delivers one Watch: its [`Subscription`] as the response stream,
 //! batching events, sending a bookmark whenever the stream has been quiet for
 //! the bookmark interval, ending cleanly at the session's `terminated` event
 //! or at server shutdown, and ending with RESOURCE_EXHAUSTED when the watcher
@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tokio::{sync::mpsc, time::Instant};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
@@ -28,8 +28,6 @@ pub struct WatchSettings {
     pub bookmark_interval: Duration,
     /// Most events in one WatchResponse.
     pub max_batch: usize,
-    /// WatchResponses buffered per stream before the watcher counts as slow.
-    pub stream_buffer: usize,
     /// Most watches open at once; beyond it Watch is RESOURCE_EXHAUSTED.
     pub max_watchers: usize,
 }
@@ -39,7 +37,6 @@ impl Default for WatchSettings {
         Self {
             bookmark_interval: Duration::from_secs(10),
             max_batch: 256,
-            stream_buffer: 16,
             max_watchers: 10_000,
         }
     }
@@ -75,84 +72,121 @@ fn from_delivery(delivery: Result<Delivery, crate::events::Lagged>) -> Step {
     }
 }
 
-/// Runs until the watch ends; dropping `tx` at the end closes the stream
-/// with OK unless an error status was sent first. Records how it ended as
-/// the current (RPC) span's `outcome`.
-pub async fn pump(
+/// One Watch's responses, as the RPC's response body polls them.
+///
+/// The body's own HTTP/2 stream task drives the subscription: an event
+/// reaches the socket with no task or channel in between (a pump task
+/// feeding a channel cost each batch one more wake-up, and under load one
+/// more wait in the run queue). The stream ends cleanly at the session's
+/// `terminated` event or at server shutdown, and with RESOURCE_EXHAUSTED
+/// when the watcher fell behind. How it ended is recorded as `span`'s
+/// `outcome` when the stream is dropped ("client_left" if the caller went
+/// first), and the watch's `slot` is held until then.
+pub fn responses(
     subscription: Subscription,
-    tx: mpsc::Sender<WatchItem>,
     settings: WatchSettings,
     shutdown: CancellationToken,
-) {
-    let ended = deliver(subscription, &tx, settings, &shutdown).await;
-    tracing::Span::current().record("outcome", ended);
+    slot: Option<WatchSlot>,
+    span: tracing::Span,
+) -> WatchStream {
+    let watch = Watch {
+        subscription,
+        settings,
+        shutdown,
+        quiet_until: Instant::now() + settings.bookmark_interval,
+        ending: Ending {
+            outcome: "client_left",
+            slot,
+            span,
+        },
+    };
+    Box::pin(futures_util::stream::unfold(
+        Some(watch),
+        |watch| async move {
+            let mut watch = watch?;
+            let (item, more) = watch.next().await?;
+            Some((item, more.then_some(watch)))
+        },
+    ))
 }
 
-/// As [`pump`], holding the watch's slot (the open-watch count) until the
-/// watch ends and counting a lag ending.
-pub async fn pump_counted(
-    subscription: Subscription,
-    tx: mpsc::Sender<WatchItem>,
-    settings: WatchSettings,
-    shutdown: CancellationToken,
-    slot: WatchSlot,
-) {
-    let ended = deliver(subscription, &tx, settings, &shutdown).await;
-    if ended == LAGGED {
-        slot.count_lagged();
-    }
-    tracing::Span::current().record("outcome", ended);
-    drop(slot);
-}
+/// The response stream a Watch answers with.
+pub type WatchStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = WatchItem> + Send>>;
 
 const LAGGED: &str = "lagged";
 
-/// The delivery loop; returns how the watch ended.
-async fn deliver(
-    mut subscription: Subscription,
-    tx: &mpsc::Sender<WatchItem>,
+struct Watch {
+    subscription: Subscription,
     settings: WatchSettings,
-    shutdown: &CancellationToken,
-) -> &'static str {
-    let mut quiet_until = Instant::now() + settings.bookmark_interval;
-    loop {
-        let step = tokio::select! {
-            biased;
-            () = shutdown.cancelled() => return "server_shutdown",
-            () = tx.closed() => return "client_left",
-            delivery = subscription.next(settings.max_batch) => from_delivery(delivery),
-            () = tokio::time::sleep_until(quiet_until) => match subscription.bookmark(settings.max_batch) {
-                Ok(Bookmark::Progress(progress_seq)) => Step::Send {
-                    message: pb::WatchResponse { events: Vec::new(), progress_seq },
-                    last: false,
-                },
-                Ok(Bookmark::Events(delivery)) => from_delivery(Ok(delivery)),
-                Ok(Bookmark::NotNow) => Step::Quiet,
-                Err(lagged) => Step::Fail(CoordError::WatcherLagged(lagged).into()),
-            },
-        };
-        match step {
-            Step::Send { message, last } => {
-                let sent = tokio::select! {
-                    biased;
-                    () = shutdown.cancelled() => return "server_shutdown",
-                    sent = tx.send(Ok(message)) => sent.is_ok(),
-                };
-                if !sent {
-                    return "client_left";
-                }
-                if last {
-                    return "session_terminated";
-                }
-                quiet_until = Instant::now() + settings.bookmark_interval;
+    shutdown: CancellationToken,
+    quiet_until: Instant,
+    ending: Ending,
+}
+
+/// Records how the watch ended when it is dropped, whoever drops it.
+struct Ending {
+    outcome: &'static str,
+    slot: Option<WatchSlot>,
+    span: tracing::Span,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        if self.outcome == LAGGED {
+            if let Some(slot) = &self.slot {
+                slot.count_lagged();
             }
-            Step::Quiet => quiet_until = Instant::now() + settings.bookmark_interval,
-            Step::Fail(status) => {
-                tracing::info!(code = ?status.code(), message = status.message(), "watch ended");
-                let _ = tx.send(Err(status)).await;
-                return LAGGED;
+        }
+        self.span.record("outcome", self.outcome);
+    }
+}
+
+impl Watch {
+    /// The next response and whether any may follow it; `None` when the
+    /// stream ends cleanly.
+    async fn next(&mut self) -> Option<(WatchItem, bool)> {
+        let max_batch = self.settings.max_batch;
+        loop {
+            let step = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => {
+                    self.ending.outcome = "server_shutdown";
+                    return None;
+                }
+                delivery = self.subscription.next(max_batch) => from_delivery(delivery),
+                () = tokio::time::sleep_until(self.quiet_until) => {
+                    match self.subscription.bookmark(max_batch) {
+                        Ok(Bookmark::Progress(progress_seq)) => Step::Send {
+                            message: pb::WatchResponse { events: Vec::new(), progress_seq },
+                            last: false,
+                        },
+                        Ok(Bookmark::Events(delivery)) => from_delivery(Ok(delivery)),
+                        Ok(Bookmark::NotNow) => Step::Quiet,
+                        Err(lagged) => Step::Fail(CoordError::WatcherLagged(lagged).into()),
+                    }
+                }
+            };
+            self.quiet_until = Instant::now() + self.settings.bookmark_interval;
+            match step {
+                Step::Send { message, last } => {
+                    if last {
+                        self.ending.outcome = "session_terminated";
+                    }
+                    return Some((Ok(message), !last));
+                }
+                Step::Quiet => {}
+                Step::Fail(status) => {
+                    self.ending.span.in_scope(|| {
+                        tracing::info!(code = ?status.code(), message = status.message(), "watch ended");
+                    });
+                    self.ending.outcome = LAGGED;
+                    return Some((Err(status), false));
+                }
+                Step::Stop => {
+                    self.ending.outcome = "ended";
+                    return None;
+                }
             }
-            Step::Stop => return "ended",
         }
     }
 }
