@@ -158,6 +158,9 @@ pub struct Outcome {
     pooled_p99_ratio: f64,
     /// Server CPU per call, respcoord/empty (in-process runs only).
     server_cpu_ratio: Option<f64>,
+    /// The empty server's own call p99 under the same load, pooled: what the
+    /// stack's queueing alone gives one hop through it.
+    empty_p99: Option<u64>,
     delivery: Option<Delivery>,
 }
 
@@ -413,6 +416,7 @@ pub fn wire(args: WireArgs) -> ExitCode {
                 pooled_throughput_ratio,
                 pooled_p99_ratio,
                 server_cpu_ratio,
+                empty_p99: empty_p.as_ref().map(|p| p.p99),
                 delivery,
             },
         );
