@@ -30,6 +30,15 @@ async fn advance(by: Duration) {
     tokio::time::advance(by).await;
 }
 
+/// `s` is gone, and was the only session held.
+fn assert_forgotten(registry: &Registry, s: &SessionId) {
+    assert!(matches!(
+        registry.state(s),
+        Err(CoordError::SessionNotFound(_))
+    ));
+    assert_eq!(registry.session_count(), 0);
+}
+
 async fn events(subscription: &mut Subscription) -> Vec<EventKind> {
     match subscription.next(64).await {
         Ok(Delivery::Events { events, .. }) => events.iter().map(|e| e.kind).collect(),
@@ -118,11 +127,7 @@ async fn tombstones_are_forgotten_and_the_id_can_start_again_with_larger_ids() {
     assert_eq!(registry.state(&s).unwrap().phase, Phase::Terminated);
     advance(Duration::from_millis(2)).await;
     registry.expire_due();
-    assert!(matches!(
-        registry.state(&s),
-        Err(CoordError::SessionNotFound(_))
-    ));
-    assert_eq!(registry.session_count(), 0);
+    assert_forgotten(&registry, &s);
 
     let new = registry.start(&s, Source::Client, None).unwrap();
     assert!(new.response > old, "ids are never reused for a session id");
@@ -157,11 +162,7 @@ async fn a_stale_expiry_entry_taken_for_live_forgets_nothing_early() {
     assert_eq!(registry.state(&s).unwrap().phase, Phase::Terminated);
     advance(Duration::from_millis(10)).await;
     registry.expire_due();
-    assert!(matches!(
-        registry.state(&s),
-        Err(CoordError::SessionNotFound(_))
-    ));
-    assert_eq!(registry.session_count(), 0);
+    assert_forgotten(&registry, &s);
 }
 
 #[tokio::test(start_paused = true)]
