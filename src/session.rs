@@ -133,13 +133,13 @@ pub struct Ttls {
 }
 
 /// Clone, Eq and Hash let model checkers hold sessions as state.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 ///
 /// A million idle sessions are a million of these in the registry's tables,
 /// so the record is laid out to fit 64 bytes: the phase is kept as its kind
 /// and the live response's id side by side (a `Phase` field would be 16
 /// bytes with padding that no other field can use), and the expiry entry is
 /// remembered by the low half of its due time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Session {
     phase: PhaseKind,
     /// The live response's id while `phase` is active; `ResponseId::MIN`
