@@ -21,6 +21,9 @@ use crate::{
 /// recorder deliver the marker.
 const QUIET: Duration = Duration::from_secs(60);
 
+/// Tries at starting a schedule's cluster before the run fails.
+const CLUSTER_START_ATTEMPTS: u64 = 3;
+
 /// A run in progress.
 pub struct Run {
     pub name: String,
@@ -62,15 +65,23 @@ impl Run {
     pub async fn prepare(name: &str, nats_server: &str, replicas: Vec<ReplicaSpec>) -> Self {
         let began = Instant::now();
         // A start that times out on a loaded two-core machine is not what
-        // the run tests: one more try on fresh namespaces, then fail.
-        let cluster = match Cluster::start(nats_server, replicas.clone()).await {
-            Ok(cluster) => cluster,
-            Err(first) => {
-                eprintln!("[{name}] the cluster did not start ({first}); once more");
-                crate::netns::delete_stale();
-                Cluster::start(nats_server, replicas)
-                    .await
-                    .unwrap_or_else(|e| panic!("{name}: the cluster did not start twice: {e}"))
+        // the run tests: more tries on fresh namespaces, then fail. Seen
+        // here: a fresh nats-server 2.10 cluster, started while another
+        // schedule's cluster ran, refused the bucket ("no suitable peers for
+        // placement") for the whole wait, twice in a row.
+        let mut attempt = 1;
+        let cluster = loop {
+            match Cluster::start(nats_server, replicas.clone()).await {
+                Ok(cluster) => break cluster,
+                Err(e) if attempt >= CLUSTER_START_ATTEMPTS => {
+                    panic!("{name}: the cluster did not start in {attempt} tries: {e}")
+                }
+                Err(e) => {
+                    eprintln!("[{name}] the cluster did not start ({e}); trying again");
+                    crate::netns::delete_stale();
+                    tokio::time::sleep(Duration::from_secs(2 * attempt)).await;
+                    attempt += 1;
+                }
             }
         };
         let spec = default_spec(name, cluster.replicas(), 1);
