@@ -218,29 +218,18 @@ fn run(args: &PairedArgs, runtime: &tokio::runtime::Runtime) -> Result<(), Strin
         args.warmup,
         args.duration,
     );
-    let respcoord_port = free_port()?;
-    let respcoord = spawn_server(
-        "respcoord",
-        Command::new("taskset")
-            .args(["-c", &args.server_cpus])
-            .arg(&respcoord_bin)
-            .args(["serve", "--listen", &format!("127.0.0.1:{respcoord_port}")])
-            .args(["--log", &args.log]),
-        respcoord_port,
-    )?;
-    let empty_port = free_port()?;
-    let empty = spawn_server(
-        "empty",
-        Command::new("taskset")
-            .args(["-c", &args.server_cpus])
-            .arg(&own)
-            .args([
-                "empty-server",
-                "--listen",
-                &format!("127.0.0.1:{empty_port}"),
-            ]),
-        empty_port,
-    )?;
+    let respcoord = spawn_pinned("respcoord", &args.server_cpus, &respcoord_bin, |listen| {
+        vec![
+            "serve".into(),
+            "--listen".into(),
+            listen,
+            "--log".into(),
+            args.log.clone(),
+        ]
+    })?;
+    let empty = spawn_pinned("empty", &args.server_cpus, &own, |listen| {
+        vec!["empty-server".into(), "--listen".into(), listen]
+    })?;
     let mut clients = Vec::new();
     for server in [&respcoord, &empty] {
         clients.push(runtime.block_on(connect(server))?);
@@ -356,8 +345,19 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| e.to_string())
 }
 
-fn spawn_server(name: &'static str, command: &mut Command, port: u16) -> Result<Server, String> {
-    let child = command
+/// Starts `bin` pinned to `cpus` on a free loopback port; `args` gets the
+/// address to listen on.
+fn spawn_pinned(
+    name: &'static str,
+    cpus: &str,
+    bin: &Path,
+    args: impl FnOnce(String) -> Vec<String>,
+) -> Result<Server, String> {
+    let port = free_port()?;
+    let child = Command::new("taskset")
+        .args(["-c", cpus])
+        .arg(bin)
+        .args(args(format!("127.0.0.1:{port}")))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
