@@ -2,15 +2,23 @@
 # Validates everything under deploy/ without a cluster or a Docker engine:
 #
 #   1. hadolint lints deploy/Dockerfile;
-#   2. `kubectl kustomize` renders the base, both overlays, and an example
-#      composition with the optional components (TLS, auth tokens);
+#   2. `kubectl kustomize` renders the base, both overlays, the example
+#      compositions with the optional components (TLS, auth tokens, NATS
+#      creds and TLS), and the NATS cluster (deploy/kubernetes/nats-cluster);
 #   3. deploy/check_manifests.py validates each rendering against the
 #      Kubernetes schemas of $K8S_VERSIONS (strict: unknown fields fail), the
 #      ServiceMonitor against the Prometheus Operator's CRD models, and the
 #      deployment rules of deploy/README.md (one pod + Recreate for memory,
 #      probes, security context, grace period, selectors and ports, ...);
 #   4. deploy/check_dashboard.py checks that the Grafana dashboard is valid
-#      JSON and queries only metrics the service exports.
+#      JSON and queries only metrics the service exports;
+#   5. the NATS cluster: nats-server.conf (with the auth.conf it includes)
+#      passes the pinned nats-server's own config test (`nats-server -t`),
+#      its manifests render and pass step 3's schemas and the cluster rules
+#      (3 replicas, PVCs, routes, fsync always, lame-duck preStop, probes,
+#      anti-affinity, PDB), and deploy/check_helm_values.py checks that the
+#      Helm values use only keys of the official chart and make the same
+#      choices.
 #
 # The tools come from PyPI at the versions pinned in
 # deploy/check-requirements.txt, in a venv under target/deploy-check/ that is
@@ -23,6 +31,10 @@ cd "$(dirname "$0")/.."
 # Oldest and newest Kubernetes minor versions the manifests are checked
 # against (kubernetes-validate 1.37.0 ships schemas for 1.25 to 1.37).
 K8S_VERSIONS="1.30.0,1.37.0"
+# The nats-server release the NATS cluster runs (its image tag) and whose
+# config test checks nats-server.conf; installed by scripts/nats-server.sh.
+NATS_SERVER_VERSION=2.14.6
+export NATS_SERVER_VERSION
 
 work=target/deploy-check
 venv="$work/venv"
@@ -58,7 +70,7 @@ echo "ok   deploy/Dockerfile: hadolint $("$bin/hadolint" --version | awk '{print
 
 # 2. Render every kustomization.
 renders=()
-for target in base overlays/memory overlays/nats examples/memory-tls-auth; do
+for target in base overlays/memory overlays/nats examples/memory-tls-auth examples/nats-tls-auth nats-cluster; do
   name="${target#*/}"
   out="$work/$name.yaml"
   "$bin/kubectl" kustomize "deploy/kubernetes/$target" >"$out"
@@ -72,6 +84,23 @@ done
 #    section (or src/metrics.rs's series table) lists. tests/deploy_dashboard.rs
 #    checks the same names against a running server's /metrics.
 "$bin/python" deploy/check_dashboard.py deploy/grafana/respcoord.json README.md src/metrics.rs
+
+# 5. The NATS cluster's configuration, in nats-server's own test mode, as
+#    the pod runs it: the ConfigMap's files side by side (auth.conf is
+#    included relative to nats-server.conf) and the server name given by the
+#    pod's --name argument. -t parses every option, include and value and
+#    refuses unknown ones; it resolves no route DNS names and opens no
+#    store, so those are checked by the rules of step 3.
+nats_server=$(scripts/nats-server.sh "$NATS_SERVER_VERSION")
+conf_dir="$work/nats-config"
+rm -rf "$conf_dir" && mkdir -p "$conf_dir"
+cp deploy/kubernetes/nats-cluster/nats-server.conf deploy/kubernetes/nats-cluster/auth.conf "$conf_dir/"
+if ! out=$("$nats_server" -t -c "$conf_dir/nats-server.conf" --name=nats-0 2>&1); then
+  echo "FAIL deploy/kubernetes/nats-cluster/nats-server.conf: $out" >&2
+  exit 1
+fi
+echo "ok   deploy/kubernetes/nats-cluster/nats-server.conf: nats-server $NATS_SERVER_VERSION -t, valid"
+"$bin/python" deploy/check_helm_values.py deploy/helm/nats-values.yaml "$work/nats-cluster.yaml"
 
 echo "deploy/check.sh: all checks passed in $((SECONDS - started))s" \
   "(kubectl $("$bin/kubectl" version --client -o json | "$bin/python" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'))"

@@ -6,9 +6,10 @@ The dashboard must be valid JSON with panels, and every metric name in its
 PromQL (panel targets and templating queries) must be one the service
 exports, as documented in the first METRICS_DOC that lists metrics: the
 README's "Metrics" section, or the series table of src/metrics.rs: every
-backticked `respcoord_*` or `rpc_server_*` name there. Histogram names
-written `name_{bucket,sum,count}`, `name_bucket`, `_sum`, `_count`, or by a
-base name ending in `_seconds` or `_bytes`, stand for the three series.
+backticked `respcoord_*`, `rpc_server_*` or `process_*` name there. Histogram
+names written `name_{bucket,sum,count}`, `name_bucket`, `_sum`, `_count`, or
+by a base name ending in `_seconds` or `_bytes` on a line that says
+"histogram", stand for the three series.
 tests/deploy_dashboard.rs checks the same names against a running server's
 /metrics.
 """
@@ -23,9 +24,10 @@ KEYWORDS = {
     "and", "or", "unless", "offset", "inf", "nan", "atan2",
 }
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-# The service's series: its own (respcoord_*) and the RPC histogram named by
-# the OpenTelemetry semantic conventions (rpc_server_*).
-SERIES = r"(respcoord|rpc_server)_[a-z0-9_]+"
+# The service's series: its own (respcoord_*), the RPC histogram named by
+# the OpenTelemetry semantic conventions (rpc_server_*), and the standard
+# process series (process_*).
+SERIES = r"(respcoord|rpc_server|process)_[a-z0-9_]+"
 
 
 def metric_names(expr):
@@ -80,7 +82,7 @@ def documented(path):
         text = m.group(1)
     else:  # a Rust source: its module doc's series table
         text = "\n".join(line[3:] for line in text.splitlines() if line.startswith("//!"))
-    names = set()
+    names, histograms = set(), set()
     for line in text.splitlines():
         last = None
         for token in re.findall(r"`([^`]+)`", line):
@@ -95,10 +97,13 @@ def documented(path):
             # Series names, not label names (rpc_method, ...) nor OTel names.
             series = {c for c in candidates if re.fullmatch(SERIES, c)}
             names |= series
+            if "histogram" in line:
+                histograms |= series
             if series and not brace:
                 last = sorted(series)[0]
-    # A histogram documented by its base name has the three series.
-    names |= {f"{n}_{s}" for n in names if re.search(r"_(seconds|bytes)$", n)
+    # A histogram documented by its base name has the three series (a gauge
+    # such as process_resident_memory_bytes does not).
+    names |= {f"{n}_{s}" for n in histograms if re.search(r"_(seconds|bytes)$", n)
               for s in ("bucket", "sum", "count")}
     return names
 

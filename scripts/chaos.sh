@@ -8,8 +8,9 @@
 #
 #   scripts/chaos.sh --minutes 30 --seed 42
 #
-# Needs root (ip netns) and nats-server 2.10 (installed by
-# scripts/nats-cluster-server.sh). Exit status: the test's.
+# Needs root (ip netns); runs the newest pinned nats-server (installed by
+# scripts/nats-server.sh; RESPCOORD_CHAOS_NATS_VERSION picks another).
+# Exit status: the test's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=5
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--minutes N] [--seed S]" >&2; exit 2 ;;
   esac
 done
-RESPCOORD_TEST_CLUSTER_NATS_SERVER=$(./scripts/nats-cluster-server.sh)
+RESPCOORD_TEST_CLUSTER_NATS_SERVER=$(./scripts/nats-server.sh "${RESPCOORD_CHAOS_NATS_VERSION:-}")
 export RESPCOORD_TEST_CLUSTER_NATS_SERVER
 echo "chaos: $minutes minutes, seed $seed" >&2
 RESPCOORD_CHAOS_MINUTES=$minutes RESPCOORD_CHAOS_SEED=$seed \

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Makes sure a NATS server with JetStream is reachable for the tests and
-# prints its URL (scripts/test.sh exports it as RESPCOORD_TEST_NATS_URL).
+# Makes sure a single-node NATS server with JetStream is reachable for the
+# tests and prints its URL (scripts/test.sh exports it as
+# RESPCOORD_TEST_NATS_URL).
 #
 # - RESPCOORD_TEST_NATS_URL already set: used as is.
-# - a server on 127.0.0.1:4222: used (the one a developer or CI runs).
-# - otherwise: Debian's nats-server (installed with apt-get if missing) is
-#   started with JetStream on 127.0.0.1:14222, storing under target/, and
-#   stopped again by scripts/test.sh when the tests end.
+# - otherwise: the newest pinned nats-server (scripts/nats-server.sh) is
+#   started with JetStream on a free loopback port, storing under
+#   target/nats-test/, and stopped again by scripts/test.sh when the tests
+#   end. A server already on 127.0.0.1:4222 is not used: it may be an
+#   unsupported release (Debian ships 2.9.10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,23 +19,14 @@ if [ -n "${RESPCOORD_TEST_NATS_URL:-}" ]; then
   echo "$RESPCOORD_TEST_NATS_URL"
   exit 0
 fi
-if reachable 4222; then
-  echo "nats://127.0.0.1:4222"
-  exit 0
-fi
-if ! command -v nats-server >/dev/null && [ ! -x /usr/sbin/nats-server ]; then
-  echo "installing nats-server (Debian package)" >&2
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -qq >&2
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >&2
-fi
-server=$(command -v nats-server || echo /usr/sbin/nats-server)
+server=$(scripts/nats-server.sh)
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 dir=target/nats-test
 rm -rf "$dir" && mkdir -p "$dir/store"
-"$server" -a 127.0.0.1 -p 14222 -js -sd "$dir/store" -l "$dir/nats.log" -P "$dir/nats.pid" >&2 &
+"$server" -a 127.0.0.1 -p "$port" -js -sd "$dir/store" -l "$dir/nats.log" -P "$dir/nats.pid" >&2 &
 for _ in $(seq 100); do
-  reachable 14222 && break
+  reachable "$port" && break
   sleep 0.1
 done
-reachable 14222 || { echo "nats-server did not start; see $dir/nats.log" >&2; exit 1; }
-echo "nats://127.0.0.1:14222"
+reachable "$port" || { echo "nats-server did not start; see $dir/nats.log" >&2; exit 1; }
+echo "nats://127.0.0.1:$port"

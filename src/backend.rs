@@ -11,6 +11,8 @@
 //! An enum rather than a trait object: the memory path stays a direct,
 //! synchronous call with no boxing, and the set of backends is closed.
 
+use opentelemetry::metrics::Histogram;
+
 pub use crate::shared::{PageToken, SessionPage};
 use crate::{
     decision::{Changed, Started},
@@ -18,7 +20,7 @@ use crate::{
     events::Subscription,
     ids::{RequestId, ResponseId, SessionId, SessionScope},
     machine::{FinishStatus, Source},
-    nats::NatsCoordinator,
+    nats::{NatsCoordinator, NatsCounts},
     registry::Registry,
     session::SessionSnapshot,
     stats::CoordStats,
@@ -170,6 +172,23 @@ impl Coordinator {
         match self {
             Coordinator::Memory(registry) => registry.stats(),
             Coordinator::Nats(nats) => nats.stats(),
+        }
+    }
+
+    /// The NATS backend's own counters (store, connection, follower,
+    /// lease); `None` on the memory backend, which has no such series.
+    pub fn nats_stats(&self) -> Option<NatsCounts> {
+        match self {
+            Coordinator::Memory(_) => None,
+            Coordinator::Nats(nats) => Some(nats.nats_stats()),
+        }
+    }
+
+    /// Where the NATS backend records each store request's round trip; the
+    /// memory backend makes none.
+    pub fn record_store_latency(&self, histogram: Histogram<f64>) {
+        if let Coordinator::Nats(nats) = self {
+            nats.record_store_latency(histogram);
         }
     }
 

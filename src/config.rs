@@ -1,7 +1,11 @@
 //! Command line and environment. Every flag has a `RESPCOORD_*` variable;
 //! a bad value exits with status 2 and a message naming the flag (clap).
 
-use std::{net::SocketAddr, path::Path, time::Duration};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -10,7 +14,7 @@ pub use crate::telemetry::LogFormat;
 use crate::{
     auth::Tokens,
     grpc::WatchSettings,
-    nats::NatsSettings,
+    nats::{NatsSecurity, NatsSettings, Secret},
     server::{Limits, Pem, TlsConfig},
     shared::RegistryConfig,
 };
@@ -125,9 +129,85 @@ pub struct ServeArgs {
     #[arg(long, env = "RESPCOORD_NATS_MAX_AGE", value_parser = positive_duration)]
     pub nats_max_age: Option<Duration>,
 
-    /// Longest one JetStream request may take before the call is UNAVAILABLE.
+    /// Longest one JetStream request may take before it is tried again.
     #[arg(long, env = "RESPCOORD_NATS_TIMEOUT", default_value = "2s", value_parser = positive_duration)]
     pub nats_timeout: Duration,
+
+    /// How long a call rides out a NATS leader election or a timed-out
+    /// request, retrying, before it is answered UNAVAILABLE (a client's own
+    /// deadline ends it sooner). nats-server elects a new stream leader in
+    /// 4 to 9 s after a crash.
+    #[arg(long, env = "RESPCOORD_NATS_PATIENCE", default_value = "10s", value_parser = positive_duration)]
+    pub nats_patience: Duration,
+
+    /// A NATS `.creds` file (user JWT and nkey seed) to authenticate with.
+    #[arg(long, env = "RESPCOORD_NATS_CREDS", value_name = "FILE")]
+    pub nats_creds: Option<PathBuf>,
+
+    /// A file holding a NATS user nkey seed to authenticate with.
+    #[arg(long, env = "RESPCOORD_NATS_NKEY_SEED_FILE", value_name = "FILE")]
+    pub nats_nkey_seed_file: Option<PathBuf>,
+
+    /// NATS user name (with a password from --nats-password-file or
+    /// RESPCOORD_NATS_PASSWORD).
+    #[arg(long, env = "RESPCOORD_NATS_USER")]
+    pub nats_user: Option<String>,
+
+    /// A file holding the NATS user's password.
+    #[arg(
+        long,
+        env = "RESPCOORD_NATS_PASSWORD_FILE",
+        value_name = "FILE",
+        conflicts_with = "nats_password"
+    )]
+    pub nats_password_file: Option<PathBuf>,
+
+    /// The NATS user's password from the environment only (never a flag,
+    /// which `ps` would show).
+    #[arg(long = "nats-password-from-env", env = "RESPCOORD_NATS_PASSWORD",
+          hide = true, hide_env_values = true, value_parser = secret)]
+    pub nats_password: Option<Secret>,
+
+    /// A file holding a NATS authentication token.
+    #[arg(
+        long,
+        env = "RESPCOORD_NATS_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "nats_token"
+    )]
+    pub nats_token_file: Option<PathBuf>,
+
+    /// A NATS token from the environment only (never a flag).
+    #[arg(long = "nats-token-from-env", env = "RESPCOORD_NATS_TOKEN",
+          hide = true, hide_env_values = true, value_parser = secret)]
+    pub nats_token: Option<Secret>,
+
+    /// Verify NATS servers against this CA bundle (PEM); implies TLS.
+    #[arg(long, env = "RESPCOORD_NATS_TLS_CA", value_name = "FILE")]
+    pub nats_tls_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) for mutual TLS with NATS; needs --nats-tls-key.
+    #[arg(
+        long,
+        env = "RESPCOORD_NATS_TLS_CERT",
+        value_name = "FILE",
+        requires = "nats_tls_key"
+    )]
+    pub nats_tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --nats-tls-cert.
+    #[arg(
+        long,
+        env = "RESPCOORD_NATS_TLS_KEY",
+        value_name = "FILE",
+        requires = "nats_tls_cert"
+    )]
+    pub nats_tls_key: Option<PathBuf>,
+
+    /// Require TLS to NATS even without --nats-tls-ca (servers verified
+    /// against the platform's roots).
+    #[arg(long, env = "RESPCOORD_NATS_TLS")]
+    pub nats_tls: bool,
 
     /// A session no call names for this long is shut down with reason EXPIRED.
     #[arg(long, env = "RESPCOORD_SESSION_IDLE_TTL", default_value = "1h", value_parser = positive_duration)]
@@ -256,16 +336,40 @@ impl ServeArgs {
         }
     }
 
-    pub fn nats_settings(&self) -> NatsSettings {
-        NatsSettings {
+    /// The NATS backend's settings, with the password and token files read
+    /// (their errors name the flag).
+    pub fn nats_settings(&self) -> Result<NatsSettings, String> {
+        let secret = |file: &Option<PathBuf>, env: &Option<Secret>, flag: &str| match (file, env) {
+            (Some(path), _) => std::fs::read_to_string(path)
+                .map(|text| Some(Secret::new(text.trim_end_matches(['\r', '\n']))))
+                .map_err(|e| format!("{flag} {}: {e}", path.display())),
+            (None, env) => Ok(env.clone()),
+        };
+        Ok(NatsSettings {
             url: self.nats_url.clone(),
             bucket: self.nats_bucket.clone(),
             replicas: usize::try_from(self.nats_replicas).unwrap_or(1),
             history: self.nats_history,
             request_timeout: self.nats_timeout,
+            patience: self.nats_patience,
+            security: NatsSecurity {
+                creds_file: self.nats_creds.clone(),
+                nkey_seed_file: self.nats_nkey_seed_file.clone(),
+                user: self.nats_user.clone(),
+                password: secret(
+                    &self.nats_password_file,
+                    &self.nats_password,
+                    "--nats-password-file",
+                )?,
+                token: secret(&self.nats_token_file, &self.nats_token, "--nats-token-file")?,
+                tls_ca: self.nats_tls_ca.clone(),
+                tls_cert: self.nats_tls_cert.clone(),
+                tls_key: self.nats_tls_key.clone(),
+                tls_required: self.nats_tls,
+            },
             memory_storage: self.nats_memory_storage,
             max_age: self.nats_max_age.unwrap_or_default(),
-        }
+        })
     }
 
     pub fn watch_settings(&self) -> WatchSettings {
@@ -297,6 +401,11 @@ impl ServeArgs {
             _ => None,
         }
     }
+}
+
+/// A secret from the environment, kept out of `Debug` output.
+fn secret(value: &str) -> Result<Secret, String> {
+    Ok(Secret::new(value))
 }
 
 #[cfg(test)]

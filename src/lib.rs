@@ -35,7 +35,8 @@
 //!   `nats/locks.rs` and `nats/cache.rs` the per-session locks and written
 //!   entries, `nats/mirror.rs` each replica's view and fan-out,
 //!   `nats/follow.rs` the stream reader that feeds it, `nats/watch.rs` the
-//!   watches, `nats/expiry.rs` the lease-holding expirer.
+//!   watches, `nats/expiry.rs` the lease-holding expirer, `nats/failure.rs`
+//!   what a failed store request means, `nats/observed.rs` its counters.
 //! - [`events`] — the event log: seq numbering, retention, fan-out to
 //!   watchers, and the one backlog-to-live handover rule.
 //! - [`stats`] — counters of what a backend did (per shard, summed on read),
@@ -52,7 +53,8 @@
 //! - [`watchers`] — open-watch counters: the watcher limit, and what the
 //!   metrics report about watches.
 //! - [`metrics`] — OpenTelemetry instruments, Prometheus `/metrics` with
-//!   `/healthz` and `/readyz` on the metrics port, OTLP metric export.
+//!   `/healthz` and `/readyz` on the metrics port, OTLP metric export;
+//!   `metrics/process.rs` the process series from procfs.
 //! - [`config`] — flags and `RESPCOORD_*` environment variables.
 //! - [`telemetry`] — logging; OTLP trace export and W3C trace context.
 //! - [`error`] — the typed errors every layer shares.

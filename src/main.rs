@@ -92,7 +92,13 @@ fn main() -> ExitCode {
         let coordinator: Coordinator = match args.backend {
             Backend::Memory => Registry::new(args.registry_config()).into(),
             Backend::Nats => {
-                let settings = args.nats_settings();
+                let settings = match args.nats_settings() {
+                    Ok(settings) => settings,
+                    Err(error) => {
+                        tracing::error!(%error, "cannot start the NATS backend");
+                        return ExitCode::FAILURE;
+                    }
+                };
                 match NatsCoordinator::connect(&settings, args.registry_config()).await {
                     Ok(nats) => nats.into(),
                     Err(error) => {

@@ -2,18 +2,21 @@
 //! (`/metrics`, next to `/healthz` and `/readyz`) and pushed over OTLP when
 //! the standard variables configure it (see `telemetry`).
 //!
-//! Everything is recorded through the OpenTelemetry metrics API. The
+//! Everything but the process series (below) is recorded through the
+//! OpenTelemetry metrics API. The
 //! Prometheus side is `opentelemetry-prometheus` (the OpenTelemetry project's
 //! pull exporter, released in step with the SDK) rendering into a
 //! `prometheus` registry that `/metrics` encodes as text. Each server has
 //! its own meter provider, so several servers in one process (tests) never
 //! share a series.
 //!
-//! The call path only records one histogram sample per RPC. Everything else
-//! is observed when a reader collects: the registry's per-shard counters
-//! ([`crate::stats`]) and the watch counters, summed at scrape time.
+//! The call path only records one histogram sample per RPC (and, on the
+//! NATS backend, one per store request). Everything else is observed when a
+//! reader collects: the registry's per-shard counters ([`crate::stats`]),
+//! the watch counters and the NATS backend's atomics, read at scrape time.
 //!
-//! The series, with their Prometheus names (the README lists them too):
+//! The series, with their Prometheus names (the README lists them too). The
+//! `respcoord_nats_*` ones exist only with `--backend nats`:
 //!
 //! | OpenTelemetry name | Prometheus | labels |
 //! |---|---|---|
@@ -25,6 +28,24 @@
 //! | `respcoord.watchers.lagged` | `respcoord_watchers_lagged_total` | `scope` |
 //! | `respcoord.sessions.expired` | `respcoord_sessions_expired_total` | |
 //! | `respcoord.request_id.replays` | `respcoord_request_id_replays_total` | |
+//! | `respcoord.nats.cas_conflicts` | `respcoord_nats_cas_conflicts_total` | |
+//! | `respcoord.nats.store.retries` | `respcoord_nats_store_retries_total` | `reason`: `not_ready`, `no_responders`, `timeout`, `other` |
+//! | `respcoord.nats.store.duration` (histogram, s) | `respcoord_nats_store_duration_seconds_{bucket,sum,count}` | `op`: `read`, `write`, `purge`, `quorum_point` |
+//! | `respcoord.nats.connected` | `respcoord_nats_connected` | |
+//! | `respcoord.nats.reconnects` | `respcoord_nats_reconnects_total` | |
+//! | `respcoord.nats.lame_duck_events` | `respcoord_nats_lame_duck_events_total` | |
+//! | `respcoord.nats.follower.lag_messages` | `respcoord_nats_follower_lag_messages` | |
+//! | `respcoord.nats.follower.restarts` | `respcoord_nats_follower_restarts_total` | |
+//! | `respcoord.nats.expiry_lease.held` | `respcoord_nats_expiry_lease_held` | |
+//!
+//! On Linux `/metrics` also has the standard process series, from procfs
+//! at scrape time and not through OpenTelemetry (`process`, which says
+//! why): `process_cpu_seconds_total`, `process_resident_memory_bytes`,
+//! `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`,
+//! `process_start_time_seconds`.
+
+#[cfg(target_os = "linux")]
+mod process;
 
 use std::{
     net::SocketAddr,
@@ -37,7 +58,7 @@ use std::{
 
 use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::get, Router};
 use opentelemetry::{
-    metrics::{Histogram, Meter, MeterProvider as _},
+    metrics::{AsyncInstrument, Histogram, Meter, MeterProvider as _},
     KeyValue,
 };
 use opentelemetry_sdk::metrics::SdkMeterProvider;
@@ -45,6 +66,7 @@ use tokio::net::TcpListener;
 
 use crate::{
     backend::Coordinator,
+    nats::{NatsCounts, RETRY_REASONS},
     stats::{TransitionKind, EVENT_KINDS},
     watchers::{WatchKind, WatchStats},
 };
@@ -112,6 +134,15 @@ impl Metrics {
     /// (build it inside the tokio runtime).
     pub fn new(sources: Sources, otlp: bool) -> Result<Self, MetricsError> {
         let prometheus = prometheus::Registry::new();
+        #[cfg(target_os = "linux")]
+        match process::ProcessCollector::new() {
+            Some(collector) => {
+                if let Err(error) = prometheus.register(Box::new(collector)) {
+                    tracing::warn!(%error, "process metrics");
+                }
+            }
+            None => tracing::warn!("process metrics: /proc is not readable"),
+        }
         let exporter = opentelemetry_prometheus::exporter()
             .with_registry(prometheus.clone())
             .scope_info_enabled(false)
@@ -138,6 +169,7 @@ impl Metrics {
                 .with_boundaries(DURATION_BUCKETS.to_vec())
                 .build(),
         };
+        observe_nats(&meter, &sources.coordinator);
         observe(&meter, sources);
         Ok(Self {
             provider,
@@ -264,6 +296,105 @@ fn observe(meter: &Meter, sources: Sources) {
                 );
             }
         })
+        .build();
+}
+
+/// Registers the NATS backend's instruments, on that backend only: the
+/// memory backend has no `respcoord_nats_*` series at all.
+fn observe_nats(meter: &Meter, coordinator: &Coordinator) {
+    if coordinator.nats_stats().is_none() {
+        return;
+    }
+    coordinator.record_store_latency(
+        meter
+            .f64_histogram("respcoord.nats.store.duration")
+            .with_unit("s")
+            .with_description(
+                "Round trip of each NATS store request (a retried request is \
+                 one sample per try), by operation",
+            )
+            .with_boundaries(DURATION_BUCKETS.to_vec())
+            .build(),
+    );
+
+    /// A callback observing one number of the backend's counters.
+    fn reading(
+        coordinator: &Coordinator,
+        field: fn(&NatsCounts) -> u64,
+    ) -> impl Fn(&dyn AsyncInstrument<u64>) + Send + Sync + 'static {
+        let coordinator = coordinator.clone();
+        move |observer| {
+            if let Some(counts) = coordinator.nats_stats() {
+                observer.observe(field(&counts), &[]);
+            }
+        }
+    }
+
+    meter
+        .u64_observable_counter("respcoord.nats.cas_conflicts")
+        .with_unit("{conflict}")
+        .with_description(
+            "Compare-and-set writes and purges that found the session moved on \
+             (another replica, or a stale read); each costs a fresh read",
+        )
+        .with_callback(reading(coordinator, |n| n.cas_conflicts))
+        .build();
+
+    let retries = coordinator.clone();
+    meter
+        .u64_observable_counter("respcoord.nats.store.retries")
+        .with_unit("{request}")
+        .with_description("NATS store requests tried again after a transient failure, by reason")
+        .with_callback(move |observer| {
+            if let Some(counts) = retries.nats_stats() {
+                for (reason, n) in RETRY_REASONS.into_iter().zip(counts.store_retries) {
+                    observer.observe(n, &[KeyValue::new("reason", reason)]);
+                }
+            }
+        })
+        .build();
+
+    meter
+        .u64_observable_gauge("respcoord.nats.connected")
+        .with_description("1 while this replica is connected to NATS, else 0")
+        .with_callback(reading(coordinator, |n| u64::from(n.connected)))
+        .build();
+
+    meter
+        .u64_observable_counter("respcoord.nats.reconnects")
+        .with_unit("{connection}")
+        .with_description("Connections to NATS made after the first")
+        .with_callback(reading(coordinator, |n| n.reconnects))
+        .build();
+
+    meter
+        .u64_observable_counter("respcoord.nats.lame_duck_events")
+        .with_unit("{event}")
+        .with_description("Lame-duck notices from NATS servers about to shut down")
+        .with_callback(reading(coordinator, |n| n.lame_duck_events))
+        .build();
+
+    meter
+        .u64_observable_gauge("respcoord.nats.follower.lag_messages")
+        .with_unit("{message}")
+        .with_description(
+            "Stream sequences between the last this replica knows the bucket's \
+             stream reached and the last its mirror applied",
+        )
+        .with_callback(reading(coordinator, |n| n.follower_lag))
+        .build();
+
+    meter
+        .u64_observable_counter("respcoord.nats.follower.restarts")
+        .with_unit("{restart}")
+        .with_description("Restarts of the bucket follower (a broken or stalled consumer)")
+        .with_callback(reading(coordinator, |n| n.follower_restarts))
+        .build();
+
+    meter
+        .u64_observable_gauge("respcoord.nats.expiry_lease.held")
+        .with_description("1 while this replica holds the expirer lease, else 0")
+        .with_callback(reading(coordinator, |n| u64::from(n.expiry_lease_held)))
         .build();
 }
 

@@ -27,9 +27,11 @@ mod call_tests;
 mod clock;
 mod entry;
 mod expiry;
+mod failure;
 mod follow;
 mod locks;
 mod mirror;
+mod observed;
 mod quorum;
 mod setup;
 mod watch;
@@ -43,11 +45,18 @@ use std::{
 
 use async_nats::jetstream::{
     self,
-    kv::{self, Operation, UpdateErrorKind},
+    kv::{self, Operation},
 };
 use tokio_util::sync::CancellationToken;
 
-use self::{cache::EntryCache, clock::StreamClock, locks::KeyedLocks, quorum::QuorumPoints};
+use self::{
+    cache::EntryCache,
+    clock::StreamClock,
+    failure::{Patience, StoreFailure},
+    locks::KeyedLocks,
+    observed::{NatsStats, StoreOp},
+    quorum::QuorumPoints,
+};
 use crate::{
     decision::{self, Changed, Decision, ExpiryDecision, Presence, Reply, Room, Stamp, Started},
     error::CoordError,
@@ -60,7 +69,8 @@ use crate::{
     stats::CoordStats,
     sync::Mutex,
 };
-pub use setup::{NatsError, NatsSettings};
+pub use observed::{NatsCounts, RETRY_REASONS};
+pub use setup::{NatsError, NatsSecurity, NatsSettings, Secret};
 
 /// Compare-and-set attempts per call before it is answered ABORTED.
 const MAX_ATTEMPTS: usize = 32;
@@ -98,9 +108,13 @@ struct Inner {
     /// How long a call waits for this replica's mirror to reach a quorum
     /// point before it is answered UNAVAILABLE.
     catch_up: Duration,
+    /// How long a call rides out transient store failures (`Patience`).
+    patience: Duration,
     quorum_points: Arc<QuorumPoints>,
     /// Transitions this replica applied, for the metrics.
     stats: Mutex<CoordStats>,
+    /// The backend's own counters (store, connection, follower, lease).
+    observed: Arc<NatsStats>,
     /// Names this replica in the expirer lease.
     replica: String,
     /// The stream's clock, which idleness, expiry and the lease are timed
@@ -147,8 +161,16 @@ fn unavailable(error: impl std::fmt::Display) -> CoordError {
 /// A session's entry as read: its stored record, or nothing (never created,
 /// or forgotten) with the revision a create must expect.
 enum Read {
-    Live { revision: u64, entry: entry::Entry },
-    Absent { revision: u64 },
+    Live {
+        revision: u64,
+        entry: entry::Entry,
+        /// The stored bytes, where read from the bucket (not the cache): a
+        /// call compares them with its own unanswered writes.
+        value: Option<bytes::Bytes>,
+    },
+    Absent {
+        revision: u64,
+    },
 }
 
 impl NatsCoordinator {
@@ -158,7 +180,8 @@ impl NatsCoordinator {
         settings: &NatsSettings,
         config: RegistryConfig,
     ) -> Result<Self, NatsError> {
-        let (kv, stream) = setup::open_bucket(settings).await?;
+        let observed = Arc::new(NatsStats::default());
+        let (kv, stream) = setup::open_bucket(settings, &observed).await?;
         let subject_prefix = format!("$KV.{}.", settings.bucket);
         let clock = Arc::new(StreamClock::default());
         let state = follow::load(&stream, &subject_prefix, &clock)
@@ -185,16 +208,23 @@ impl NatsCoordinator {
             Arc::clone(&clock),
             subject_prefix,
             follower.clone(),
+            Arc::clone(&observed),
         ));
         let touch_interval = (millis(config.idle_ttl) / 8).clamp(1, 60_000);
+        let patience = settings.patience;
         let quorum_points = QuorumPoints::new({
-            let kv = kv.clone();
+            let (kv, observed) = (kv.clone(), Arc::clone(&observed));
             Arc::new(move || {
-                let kv = kv.clone();
+                let (kv, observed) = (kv.clone(), Arc::clone(&observed));
                 Box::pin(async move {
-                    kv.put(QUORUM_POINT_KEY, bytes::Bytes::new())
+                    Patience::new(patience)
+                        .retry(&observed, StoreOp::QuorumPoint, || async {
+                            kv.put(QUORUM_POINT_KEY, bytes::Bytes::new())
+                                .await
+                                .map_err(|error| StoreFailure::of(&error))
+                        })
                         .await
-                        .map_err(|error| error.to_string())
+                        .map_err(|failure| failure.into_error().to_string())
                 })
             })
         });
@@ -211,9 +241,11 @@ impl NatsCoordinator {
                 },
                 touch_interval,
                 catch_up: settings.request_timeout,
+                patience: settings.patience,
                 quorum_points,
                 config,
                 stats: Mutex::default(),
+                observed,
                 replica: format!(
                     "{:016x}",
                     Clock::unix_nanos() as u64 ^ u64::from(std::process::id())
@@ -329,7 +361,12 @@ impl Inner {
 
     /// The session's entry from the stream leader, its last activity taken
     /// from the stream's stamp (`clock`).
-    async fn read(&self, id: &SessionId, key: &str) -> Result<Read, CoordError> {
+    async fn read(
+        &self,
+        id: &SessionId,
+        key: &str,
+        patience: &mut Patience,
+    ) -> Result<Read, CoordError> {
         #[cfg(test)]
         let stale = self
             .stale_reads
@@ -338,11 +375,17 @@ impl Inner {
             .remove(key);
         #[cfg(not(test))]
         let stale = None;
-        let stored = match stale {
-            Some(revision) => self.kv.entry_for_revision(key, revision).await,
-            None => self.kv.entry(key).await,
-        };
-        let Some(stored) = stored.map_err(unavailable)? else {
+        let stored = patience
+            .retry(&self.observed, StoreOp::Read, || async {
+                match stale {
+                    Some(revision) => self.kv.entry_for_revision(key, revision).await,
+                    None => self.kv.entry(key).await,
+                }
+                .map_err(|error| StoreFailure::of(&error))
+            })
+            .await
+            .map_err(StoreFailure::into_error)?;
+        let Some(stored) = stored else {
             return Ok(Read::Absent { revision: 0 });
         };
         let stamp = clock::stamp_millis(stored.created.unix_timestamp_nanos());
@@ -358,6 +401,7 @@ impl Inner {
                 Ok(Read::Live {
                     revision: stored.revision,
                     entry,
+                    value: Some(stored.value),
                 })
             }
             Err(error) => Err(CoordError::Unreadable {
@@ -380,6 +424,7 @@ impl Inner {
             return Ok(0);
         }
         let point = self.quorum_points.point().await.map_err(unavailable)?;
+        self.observed.saw_stream_seq(point);
         tokio::time::timeout(patience, self.mirror.caught_up_to(point))
             .await
             .map_err(|_| unavailable("this replica's view of the bucket is behind; retry"))?;
@@ -397,20 +442,60 @@ impl Inner {
     }
 
     /// Writes `value` if the key is still at `expected`: the new revision,
-    /// or `None` on a conflict.
+    /// or `None` on a conflict. A transient failure is tried again with the
+    /// same bytes and expectation; if an earlier try landed after all, the
+    /// retry meets a conflict, and the caller recognises its own write in
+    /// the next read.
     async fn write(
         &self,
         key: &str,
-        value: bytes::Bytes,
+        value: &bytes::Bytes,
         expected: u64,
+        patience: &mut Patience,
     ) -> Result<Option<u64>, CoordError> {
         if crate::shared::faults::unguarded_writes() {
-            return self.kv.put(key, value).await.map(Some).map_err(unavailable);
+            return self
+                .kv
+                .put(key, value.clone())
+                .await
+                .map(Some)
+                .map_err(unavailable);
         }
-        match self.kv.update(key, value, expected).await {
+        let written = patience
+            .retry(&self.observed, StoreOp::Write, || async {
+                self.kv
+                    .update(key, value.clone(), expected)
+                    .await
+                    .map_err(|error| StoreFailure::of(&error))
+            })
+            .await;
+        match written {
             Ok(revision) => Ok(Some(revision)),
-            Err(error) if error.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
-            Err(error) => Err(unavailable(error)),
+            Err(StoreFailure::Conflict) => Ok(None),
+            Err(failure) => Err(failure.into_error()),
+        }
+    }
+
+    /// Removes a forgotten session's entry if the key is still at
+    /// `expected`: `false` on a conflict.
+    async fn purge(
+        &self,
+        key: &str,
+        expected: u64,
+        patience: &mut Patience,
+    ) -> Result<bool, CoordError> {
+        let purged = patience
+            .retry(&self.observed, StoreOp::Purge, || async {
+                self.kv
+                    .purge_expect_revision(key, Some(expected))
+                    .await
+                    .map_err(|error| StoreFailure::of(&error))
+            })
+            .await;
+        match purged {
+            Ok(()) => Ok(true),
+            Err(StoreFailure::Conflict) => Ok(false),
+            Err(failure) => Err(failure.into_error()),
         }
     }
 
@@ -426,11 +511,31 @@ impl Inner {
         // at a quorum point (`confirmed`), else it is decided again from a
         // fresh read.
         let mut cached = self.cache.take(id);
+        let mut patience = Patience::new(self.patience);
+        // This call's writes that went unanswered or lost, with what each
+        // would have answered: one that landed after all (a timeout during a
+        // leader move) is this call's answer, never decided a second time.
+        let mut unanswered: Vec<(bytes::Bytes, Decision)> = Vec::new();
         for _ in 0..MAX_ATTEMPTS {
             let read = match cached.take() {
-                Some((revision, entry)) => Read::Live { revision, entry },
-                None => self.read(id, &key).await?,
+                Some((revision, entry)) => Read::Live {
+                    revision,
+                    entry,
+                    value: None,
+                },
+                None => self.read(id, &key, &mut patience).await?,
             };
+            if let Read::Live {
+                value: Some(stored),
+                ..
+            } = &read
+            {
+                if let Some(mine) = unanswered.iter().position(|(tried, _)| tried == stored) {
+                    let (_, decision) = unanswered.swap_remove(mine);
+                    self.count(call, &decision);
+                    return Ok(decision);
+                }
+            }
             let stream_now = self.clock.now();
             let now = stream_now.unwrap_or_else(unix_millis);
             let read_revision = match &read {
@@ -438,7 +543,9 @@ impl Inner {
                 Read::Absent { .. } => None,
             };
             let (expected, mut session, last_response, stored_since, presence) = match read {
-                Read::Live { revision, entry } => {
+                Read::Live {
+                    revision, entry, ..
+                } => {
                     let since = entry.persisted.since;
                     let session = Session::from_persisted(entry.persisted);
                     let presence = Presence::Stored;
@@ -494,7 +601,7 @@ impl Inner {
             let persisted = session.persisted();
             let kinds = decision.change.kinds.to_vec();
             let value = entry::encode(&persisted, last_response, &kinds, nanos);
-            if let Some(revision) = self.write(&key, value, expected).await? {
+            if let Some(revision) = self.write(&key, &value, expected, &mut patience).await? {
                 let written = entry::Entry {
                     persisted,
                     last_response,
@@ -510,6 +617,7 @@ impl Inner {
                 self.count(call, &decision);
                 return Ok(decision);
             }
+            unanswered.push((value, decision));
         }
         Err(CoordError::Contended(id.clone()))
     }
@@ -529,9 +637,12 @@ impl Inner {
         // the follower could not read): the bucket decides. The touch is a
         // compare-and-set write, which validates its read.
         let key = entry::key(id);
+        let mut patience = Patience::new(self.patience);
         for _ in 0..MAX_ATTEMPTS {
-            let (revision, entry) = match self.read(id, &key).await? {
-                Read::Live { revision, entry } => (revision, entry),
+            let (revision, entry) = match self.read(id, &key, &mut patience).await? {
+                Read::Live {
+                    revision, entry, ..
+                } => (revision, entry),
                 Read::Absent { .. } if self.confirmed(id, None).await? => {
                     return Err(CoordError::SessionNotFound(id.clone()))
                 }
@@ -553,7 +664,7 @@ impl Inner {
             session.touch(now);
             let persisted = session.persisted();
             let value = entry::encode(&persisted, entry.last_response, &[], entry.unix_nanos);
-            if let Some(revision) = self.write(&key, value, revision).await? {
+            if let Some(revision) = self.write(&key, &value, revision, &mut patience).await? {
                 let touched = entry::Entry {
                     persisted,
                     last_response: entry.last_response,
@@ -572,9 +683,12 @@ impl Inner {
     async fn expire(&self, id: &SessionId) -> Result<(), CoordError> {
         let _serialized = self.locks.lock(id).await;
         let key = entry::key(id);
+        let mut patience = Patience::new(self.patience);
         for _ in 0..MAX_ATTEMPTS {
-            let (revision, entry) = match self.read(id, &key).await? {
-                Read::Live { revision, entry } => (revision, entry),
+            let (revision, entry) = match self.read(id, &key, &mut patience).await? {
+                Read::Live {
+                    revision, entry, ..
+                } => (revision, entry),
                 Read::Absent { .. } => return Ok(()),
             };
             let now = self.now();
@@ -589,16 +703,10 @@ impl Inner {
             match decision::decide_expiry(&mut session, id, now, self.ttls, stamp, 0) {
                 ExpiryDecision::NotDue { .. } => return Ok(()),
                 ExpiryDecision::Forget => {
-                    match self.kv.purge_expect_revision(&key, Some(revision)).await {
-                        Ok(()) => {
-                            self.cache.take(id);
-                            tracing::debug!(session_id = %id, "forgot terminated session");
-                            return Ok(());
-                        }
-                        Err(error) if error.kind() == UpdateErrorKind::WrongLastRevision => {
-                            continue
-                        }
-                        Err(error) => return Err(unavailable(error)),
+                    if self.purge(&key, revision, &mut patience).await? {
+                        self.cache.take(id);
+                        tracing::debug!(session_id = %id, "forgot terminated session");
+                        return Ok(());
                     }
                 }
                 ExpiryDecision::Expired { decision, .. } => {
@@ -608,7 +716,11 @@ impl Inner {
                         &decision.change.kinds,
                         nanos,
                     );
-                    if self.write(&key, value, revision).await?.is_some() {
+                    if self
+                        .write(&key, &value, revision, &mut patience)
+                        .await?
+                        .is_some()
+                    {
                         self.cache.take(id);
                         self.count(&decision::EXPIRY, &decision);
                         return Ok(());

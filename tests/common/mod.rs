@@ -155,8 +155,8 @@ pub fn test_nats_url() -> String {
 }
 
 /// Whether the shared NATS is there to test against: `RESPCOORD_TEST_NATS_URL`
-/// set (the test command sets it, and starts a server if none runs), or
-/// something listening on 127.0.0.1:4222. Says so when it is not, so that a
+/// set (the test command starts a pinned nats-server and sets it), or
+/// something listening on 127.0.0.1:4222 (which must be 2.10 or newer). Says so when it is not, so that a
 /// bare `cargo test` on a laptop passes such tests vacuously but visibly.
 pub fn nats_available() -> bool {
     if std::env::var_os("RESPCOORD_TEST_NATS_URL").is_some() {
@@ -202,17 +202,25 @@ pub fn scratch_file(prefix: &str, name: &str, contents: &str) -> PathBuf {
     path
 }
 
-/// NATS settings for a test bucket (in NATS memory: nothing left on disk).
+/// NATS settings for a test bucket (in NATS memory: nothing left on disk),
+/// replicated as `RESPCOORD_TEST_NATS_REPLICAS` says (1 by default; the
+/// test command runs the end-to-end suite once more on a three-node
+/// cluster with 3).
 pub fn test_nats_settings(bucket: &str, config: &RegistryConfig) -> NatsSettings {
+    let replicas = std::env::var("RESPCOORD_TEST_NATS_REPLICAS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1);
     NatsSettings {
         url: test_nats_url(),
         bucket: bucket.to_owned(),
-        replicas: 1,
+        replicas,
         history: u8::try_from(config.session_history.clamp(1, 64)).unwrap_or(64),
         request_timeout: Duration::from_secs(5),
         memory_storage: true,
         // Test buckets empty themselves; the server is shared with later runs.
         max_age: Duration::from_secs(15 * 60),
+        ..NatsSettings::default()
     }
 }
 

@@ -158,9 +158,27 @@ pub async fn spawn_respcoord(envs: &[(&str, &str)]) -> (RespcoordProcess, Client
 }
 
 /// The nats-server binary a test that runs its own uses: the one `var`
-/// names, else Debian's.
+/// names, else the newest pinned release (`scripts/nats-server.sh`, which
+/// installs it under target/ on first use).
 pub fn nats_server_binary(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| "/usr/sbin/nats-server".to_owned())
+    if let Ok(binary) = std::env::var(var) {
+        return binary;
+    }
+    pinned_nats_server()
+        .unwrap_or_else(|why| panic!("set {var} to a nats-server 2.10 or newer: {why}"))
+}
+
+/// The path `scripts/nats-server.sh` prints (the newest pinned release).
+pub fn pinned_nats_server() -> Result<String, String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/nats-server.sh");
+    let output = Command::new(script)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("{script}: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("{script} failed: {}", output.status));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
 /// `binary` on loopback `port` with JetStream storing under `store`, its

