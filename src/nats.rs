@@ -34,6 +34,7 @@ mod mirror;
 mod observed;
 mod quorum;
 mod setup;
+mod turnover;
 mod watch;
 #[cfg(test)]
 mod watch_tests;
@@ -56,6 +57,7 @@ use self::{
     locks::KeyedLocks,
     observed::{NatsStats, StoreOp},
     quorum::QuorumPoints,
+    turnover::Turnover,
 };
 use crate::{
     decision::{self, Changed, Decision, ExpiryDecision, Presence, Reply, Room, Stamp, Started},
@@ -105,11 +107,13 @@ struct Inner {
     /// was not written never expires early.
     ttls: Ttls,
     touch_interval: Millis,
-    /// How long a call waits for this replica's mirror to reach a quorum
-    /// point before it is answered UNAVAILABLE.
-    catch_up: Duration,
-    /// How long a call rides out transient store failures (`Patience`).
+    /// How long a call rides out transient store failures and waits for
+    /// this replica's mirror to reach a quorum point (`Patience`).
     patience: Duration,
+    /// Turnovers: the stream leader or the connection moved (`turnover`).
+    turnover: Arc<Turnover>,
+    /// Tells the follower a call found the mirror behind (`follow`).
+    nudge: Arc<tokio::sync::Notify>,
     quorum_points: Arc<QuorumPoints>,
     /// Transitions this replica applied, for the metrics.
     stats: Mutex<CoordStats>,
@@ -181,7 +185,9 @@ impl NatsCoordinator {
         config: RegistryConfig,
     ) -> Result<Self, NatsError> {
         let observed = Arc::new(NatsStats::default());
-        let (kv, stream) = setup::open_bucket(settings, &observed).await?;
+        let turnover = Turnover::new();
+        let opened = setup::open_bucket(settings, &observed, &turnover).await?;
+        let (kv, stream) = (opened.kv, opened.stream);
         let subject_prefix = format!("$KV.{}.", settings.bucket);
         let clock = Arc::new(StreamClock::default());
         let state = follow::load(&stream, &subject_prefix, &clock)
@@ -202,22 +208,33 @@ impl NatsCoordinator {
         ));
         let mirror = Arc::new(Mirror::new(state, log, config.session_watch_buffer));
         let follower = CancellationToken::new();
-        tokio::spawn(follow::follow(
-            stream.clone(),
-            Arc::clone(&mirror),
-            Arc::clone(&clock),
-            subject_prefix,
+        tokio::spawn(turnover::follow_leader_elections(
+            opened.client,
+            format!("KV_{}", settings.bucket),
+            Arc::clone(&turnover),
             follower.clone(),
-            Arc::clone(&observed),
         ));
+        let nudge = Arc::new(tokio::sync::Notify::new());
+        let following = follow::Follower {
+            stream: stream.clone(),
+            mirror: Arc::clone(&mirror),
+            clock: Arc::clone(&clock),
+            subject_prefix,
+            stats: Arc::clone(&observed),
+            turnovers: turnover.subscribe(),
+            nudge: Arc::clone(&nudge),
+        };
+        tokio::spawn(following.run(follower.clone()));
         let touch_interval = (millis(config.idle_ttl) / 8).clamp(1, 60_000);
         let patience = settings.patience;
         let quorum_points = QuorumPoints::new({
-            let (kv, observed) = (kv.clone(), Arc::clone(&observed));
+            let (kv, observed, turnover) =
+                (kv.clone(), Arc::clone(&observed), Arc::clone(&turnover));
             Arc::new(move || {
                 let (kv, observed) = (kv.clone(), Arc::clone(&observed));
+                let turnovers = turnover.subscribe();
                 Box::pin(async move {
-                    Patience::new(patience)
+                    Patience::new(patience, turnovers)
                         .retry(&observed, StoreOp::QuorumPoint, || async {
                             kv.put(QUORUM_POINT_KEY, bytes::Bytes::new())
                                 .await
@@ -240,8 +257,9 @@ impl NatsCoordinator {
                     tombstone: millis(config.tombstone_ttl),
                 },
                 touch_interval,
-                catch_up: settings.request_timeout,
                 patience: settings.patience,
+                turnover,
+                nudge,
                 quorum_points,
                 config,
                 stats: Mutex::default(),
@@ -353,6 +371,11 @@ impl NatsCoordinator {
 }
 
 impl Inner {
+    /// A call's patience, starting now.
+    fn patience(&self) -> Patience {
+        Patience::new(self.patience, self.turnover.subscribe())
+    }
+
     /// The stream's clock now, at most (`clock`); this replica's own before
     /// any stamp arrived, which only a bucket without a single entry sees.
     fn now(&self) -> Millis {
@@ -418,6 +441,10 @@ impl Inner {
     /// the leader; a read, even from the stream leader, can be served by a
     /// node a partition has already deposed (docs/cluster.md, "Consistency
     /// each call gets"). Calls asking at once share one (`quorum`).
+    /// The mirror is given `patience` to reach the point; every
+    /// `follow::NUDGE_AFTER` it has not, the follower is nudged to read what
+    /// it misses (a read that found no stream leader is tried again at the
+    /// next nudge, not left to the follower's stall check).
     async fn quorum_point(&self, patience: Duration) -> Result<u64, CoordError> {
         if crate::shared::faults::unconfirmed_reads() {
             // Whatever the mirror holds stands, as before the fix.
@@ -425,20 +452,39 @@ impl Inner {
         }
         let point = self.quorum_points.point().await.map_err(unavailable)?;
         self.observed.saw_stream_seq(point);
-        tokio::time::timeout(patience, self.mirror.caught_up_to(point))
-            .await
-            .map_err(|_| unavailable("this replica's view of the bucket is behind; retry"))?;
-        Ok(point)
+        let deadline = tokio::time::Instant::now() + patience;
+        let caught_up = self.mirror.caught_up_to(point);
+        tokio::pin!(caught_up);
+        loop {
+            let look = follow::NUDGE_AFTER
+                .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            if tokio::time::timeout(look, &mut caught_up).await.is_ok() {
+                return Ok(point);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(unavailable(
+                    "this replica's view of the bucket is behind; retry",
+                ));
+            }
+            self.nudge.notify_one();
+        }
     }
 
     /// Whether the entry an answer that writes nothing was decided on (its
     /// KV revision; `None` for an absent session) was still the key's
     /// latest at a quorum point after the call arrived: then the answer is
     /// linearizable at that point. A stale read (a deposed leader's, or this
-    /// replica's cache) is not, and the call is decided again.
-    async fn confirmed(&self, id: &SessionId, read: Option<u64>) -> Result<bool, CoordError> {
-        self.quorum_point(self.catch_up).await?;
-        Ok(self.mirror.known(id).map(|known| known.stored_at) == read)
+    /// replica's cache) is not, and the call is decided again. A write by
+    /// someone else after the point does not undo it (`Mirror::latest_at`),
+    /// so a busy session does not send its no-op calls round and round.
+    async fn confirmed(
+        &self,
+        id: &SessionId,
+        read: Option<u64>,
+        patience: &Patience,
+    ) -> Result<bool, CoordError> {
+        let point = self.quorum_point(patience.remaining()).await?;
+        Ok(self.mirror.latest_at(id, point) == Some(read))
     }
 
     /// Writes `value` if the key is still at `expected`: the new revision,
@@ -511,7 +557,7 @@ impl Inner {
         // at a quorum point (`confirmed`), else it is decided again from a
         // fresh read.
         let mut cached = self.cache.take(id);
-        let mut patience = Patience::new(self.patience);
+        let mut patience = self.patience();
         // This call's writes that went unanswered or lost, with what each
         // would have answered: one that landed after all (a timeout during a
         // leader move) is this call's answer, never decided a second time.
@@ -578,7 +624,9 @@ impl Inner {
                 Ok(decision) => decision,
                 // A refusal (not found, terminated, full) is an answer that
                 // writes nothing too.
-                Err(refusal) if self.confirmed(id, read_revision).await? => return Err(refusal),
+                Err(refusal) if self.confirmed(id, read_revision, &patience).await? => {
+                    return Err(refusal)
+                }
                 Err(_) => continue,
             };
             let last_response = match decision.reply {
@@ -592,7 +640,7 @@ impl Inner {
             let touch_due =
                 stored_since.is_some_and(|since| now.saturating_sub(since) >= self.touch_interval);
             if !decision.changed() && !touch_due {
-                if self.confirmed(id, read_revision).await? {
+                if self.confirmed(id, read_revision, &patience).await? {
                     self.count(call, &decision);
                     return Ok(decision);
                 }
@@ -625,7 +673,8 @@ impl Inner {
     /// GetState's read, with the touch it counts as.
     async fn touch(&self, id: &SessionId) -> Result<SessionSnapshot, CoordError> {
         let _serialized = self.locks.lock(id).await;
-        self.quorum_point(self.catch_up).await?;
+        let mut patience = self.patience();
+        self.quorum_point(patience.remaining()).await?;
         if let Some(known) = self.mirror.known(id) {
             let touch_due = known.phase != Phase::Terminated
                 && self.now().saturating_sub(known.since) >= self.touch_interval;
@@ -637,13 +686,12 @@ impl Inner {
         // the follower could not read): the bucket decides. The touch is a
         // compare-and-set write, which validates its read.
         let key = entry::key(id);
-        let mut patience = Patience::new(self.patience);
         for _ in 0..MAX_ATTEMPTS {
             let (revision, entry) = match self.read(id, &key, &mut patience).await? {
                 Read::Live {
                     revision, entry, ..
                 } => (revision, entry),
-                Read::Absent { .. } if self.confirmed(id, None).await? => {
+                Read::Absent { .. } if self.confirmed(id, None, &patience).await? => {
                     return Err(CoordError::SessionNotFound(id.clone()))
                 }
                 Read::Absent { .. } => continue,
@@ -656,7 +704,7 @@ impl Inner {
             if !touch_due {
                 // Someone touched it since the mirror's view; the read
                 // stands only if confirmed, like any answer without a write.
-                if self.confirmed(id, Some(revision)).await? {
+                if self.confirmed(id, Some(revision), &patience).await? {
                     return Ok(snapshot);
                 }
                 continue;
@@ -683,7 +731,7 @@ impl Inner {
     async fn expire(&self, id: &SessionId) -> Result<(), CoordError> {
         let _serialized = self.locks.lock(id).await;
         let key = entry::key(id);
-        let mut patience = Patience::new(self.patience);
+        let mut patience = self.patience();
         for _ in 0..MAX_ATTEMPTS {
             let (revision, entry) = match self.read(id, &key, &mut patience).await? {
                 Read::Live {

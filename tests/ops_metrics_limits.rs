@@ -309,7 +309,7 @@ async fn the_nats_backend_counts_conflicts_store_requests_connection_and_lease()
         assert!(ops(&text, op).is_some_and(|n| n >= 1.0), "{op}:\n{text}");
     }
     assert!(text.contains("respcoord_nats_store_duration_seconds_bucket{"));
-    for reason in ["not_ready", "no_responders", "timeout", "other"] {
+    for reason in ["not_ready", "no_responders", "timeout", "other", "moved"] {
         value(
             &text,
             "respcoord_nats_store_retries_total",

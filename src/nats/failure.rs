@@ -27,7 +27,10 @@ use async_nats::jetstream::{
 };
 use tokio::time::Instant;
 
-use super::observed::{NatsStats, RetryReason, StoreOp};
+use super::{
+    observed::{NatsStats, RetryReason, StoreOp},
+    turnover::Turnovers,
+};
 use crate::error::CoordError;
 
 /// JetStream's error codes that mean "the compare-and-set lost": the key is
@@ -160,31 +163,50 @@ impl Kind {
 /// ride out a stream leader election (nats-server's Raft elects in 4 to 9
 /// s), bounded so no call waits forever. A client whose own deadline is
 /// shorter ends the call sooner.
+///
+/// A turnover (`turnover`: the stream's leader moved, the connection broke
+/// or came back) cuts both waits short: a request in flight is abandoned
+/// and sent again at once, and so is a request waiting out its pause. An
+/// abandoned write may still land; `Inner::call` recognises its own bytes.
 pub(super) struct Patience {
     deadline: Instant,
     pause: Duration,
+    turnovers: Turnovers,
 }
 
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
 const LONGEST_PAUSE: Duration = Duration::from_millis(250);
 
 impl Patience {
-    pub(super) fn new(patience: Duration) -> Self {
+    pub(super) fn new(patience: Duration, turnovers: Turnovers) -> Self {
         Self {
             deadline: Instant::now() + patience,
             pause: FIRST_PAUSE,
+            turnovers,
         }
     }
 
-    /// Waits before the next try after a transient failure; the failure
-    /// as UNAVAILABLE once the patience is spent.
+    /// What is left of the patience.
+    pub(super) fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Waits before the next try after a transient failure, less if a
+    /// turnover comes first; the failure as UNAVAILABLE once the patience is
+    /// spent.
     pub(super) async fn wait(&mut self, reason: String) -> Result<(), CoordError> {
         let now = Instant::now();
         if now >= self.deadline {
             return Err(CoordError::Unavailable(reason));
         }
-        tokio::time::sleep(self.pause.min(self.deadline - now)).await;
-        self.pause = (self.pause * 2).min(LONGEST_PAUSE);
+        tokio::select! {
+            () = tokio::time::sleep(self.pause.min(self.deadline - now)) => {
+                self.pause = (self.pause * 2).min(LONGEST_PAUSE);
+            }
+            // Whatever was failing has just changed: try at once, and
+            // from the shortest pause again.
+            () = self.turnovers.next() => self.pause = FIRST_PAUSE,
+        }
         Ok(())
     }
 
@@ -204,9 +226,23 @@ impl Patience {
     {
         loop {
             let sent = Instant::now();
-            let answer = request().await;
+            self.turnovers.mark_seen();
+            let answer = tokio::select! {
+                answer = request() => answer,
+                () = self.turnovers.next() => Err(StoreFailure::Transient(
+                    RetryReason::Moved,
+                    "the stream leader or the NATS connection moved while the request was in flight"
+                        .into(),
+                )),
+            };
             stats.round_trip(op, sent.elapsed());
             match answer {
+                Err(StoreFailure::Transient(RetryReason::Moved, reason)) => {
+                    if Instant::now() >= self.deadline {
+                        return Err(StoreFailure::Unavailable(reason));
+                    }
+                    stats.retried(RetryReason::Moved);
+                }
                 Err(StoreFailure::Transient(why, reason)) => {
                     if self.wait(reason.clone()).await.is_err() {
                         return Err(StoreFailure::Unavailable(reason));
@@ -225,6 +261,8 @@ impl Patience {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     /// The error a JetStream API answer carries, as the server sends it.
@@ -318,10 +356,14 @@ mod tests {
         ));
     }
 
+    fn quiet() -> Turnovers {
+        super::super::turnover::Turnover::new().subscribe()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn patience_retries_transients_until_spent_and_nothing_else() {
         let stats = NatsStats::default();
-        let mut patience = Patience::new(Duration::from_secs(1));
+        let mut patience = Patience::new(Duration::from_secs(1), quiet());
         let mut tries = 0;
         let answer: Result<(), StoreFailure> = patience
             .retry(&stats, StoreOp::Read, || {
@@ -341,8 +383,8 @@ mod tests {
         // 20 + 40 + 80 + 160 + 250 + 250 + 200 ms of pauses: eight tries.
         assert_eq!(tries, 8);
         // The last try is given up, not retried.
-        assert_eq!(stats.counts(0).store_retries, [0, 7, 0, 0]);
-        let mut patience = Patience::new(Duration::from_secs(1));
+        assert_eq!(stats.counts(0).store_retries, [0, 7, 0, 0, 0]);
+        let mut patience = Patience::new(Duration::from_secs(1), quiet());
         let mut tries = 0;
         let answer: Result<(), StoreFailure> = patience
             .retry(&stats, StoreOp::Write, || {
@@ -352,5 +394,70 @@ mod tests {
             .await;
         assert_eq!((answer, tries), (Err(StoreFailure::Conflict), 1));
         assert_eq!(stats.counts(0).cas_conflicts, 1);
+    }
+
+    /// A request whose answer was lost with the old leader or connection is
+    /// sent again at the turnover, not after its timeout; a pause after a
+    /// "no leader" answer ends at the turnover too.
+    #[tokio::test(start_paused = true)]
+    async fn a_turnover_resends_at_once_what_is_in_flight_or_pausing() {
+        let stats = NatsStats::default();
+        let turnover = super::super::turnover::Turnover::new();
+        let mut patience = Patience::new(Duration::from_secs(10), turnover.subscribe());
+        let started = Instant::now();
+        let mut tries = 0;
+        let announcer = Arc::clone(&turnover);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            announcer.happened("stream leader elected");
+        });
+        let answer: Result<u32, StoreFailure> = patience
+            .retry(&stats, StoreOp::Write, || {
+                tries += 1;
+                let attempt = tries;
+                async move {
+                    if attempt == 1 {
+                        // Lost: only the request timeout (2 s) would end it.
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        return Err(StoreFailure::Transient(
+                            RetryReason::Timeout,
+                            "timed out".into(),
+                        ));
+                    }
+                    Ok(attempt)
+                }
+            })
+            .await;
+        assert_eq!(answer, Ok(2));
+        assert_eq!(started.elapsed(), Duration::from_millis(300));
+        assert_eq!(stats.counts(0).store_retries, [0, 0, 0, 0, 1]);
+
+        let mut patience = Patience::new(Duration::from_secs(10), turnover.subscribe());
+        let started = Instant::now();
+        let mut tries = 0;
+        let announcer = Arc::clone(&turnover);
+        tokio::spawn(async move {
+            // Inside the 20 + 40 + 80 + 160 ms of pauses after four "no
+            // leader" answers, 250 ms before the fifth try was due.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            announcer.happened("stream leader elected");
+        });
+        let answer: Result<u32, StoreFailure> = patience
+            .retry(&stats, StoreOp::Read, || {
+                tries += 1;
+                let attempt = tries;
+                async move {
+                    if Instant::now() < started + Duration::from_millis(200) {
+                        return Err(StoreFailure::Transient(
+                            RetryReason::NoResponders,
+                            "no responders".into(),
+                        ));
+                    }
+                    Ok(attempt)
+                }
+            })
+            .await;
+        assert_eq!(answer, Ok(5));
+        assert_eq!(started.elapsed(), Duration::from_millis(200));
     }
 }

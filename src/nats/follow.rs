@@ -1,10 +1,13 @@
 //! Reading the bucket's stream into the mirror: the load at startup and the
 //! follower that applies every later message (one ordered consumer,
-//! restarted on a break or a stall, probing holes in the sequence).
+//! restarted on a break, a stall or a turnover, probing holes in the
+//! sequence, and reading by sequence whenever a call finds the mirror
+//! behind).
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig, consumer::DeliverPolicy};
+use tokio::sync::Notify;
 use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
@@ -13,6 +16,7 @@ use super::{
     entry,
     mirror::{Change, Mirror, MirrorState},
     observed::NatsStats,
+    turnover::Turnovers,
 };
 use crate::ids::SessionId;
 
@@ -69,21 +73,16 @@ fn parse_parts(
     }
 }
 
-/// Reads the stream message by message from the stream leader, for as long
-/// as `budget` allows or until caught up. Creating a consumer needs the
-/// JetStream meta leader, which a lost NATS node can take seconds to
-/// replace; reading by sequence needs only the stream leader, so the mirror
-/// keeps up (and this replica's watchers keep receiving) meanwhile.
+/// Reads the stream message by message from the stream leader until caught
+/// up (`Follower::read_by_sequence` bounds it in time).
 async fn read_by_sequence(
     stream: &jetstream::stream::Stream,
     mirror: &Mirror,
     clock: &StreamClock,
     subject_prefix: &str,
-    budget: std::time::Duration,
 ) -> Result<(), String> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
-    let deadline = tokio::time::Instant::now() + budget;
-    while tokio::time::Instant::now() < deadline {
+    loop {
         let next = mirror.stream_seq() + 1;
         match stream.get_raw_message(next).await {
             Ok(message) => {
@@ -109,7 +108,6 @@ async fn read_by_sequence(
             Err(error) => return Err(format!("reading stream sequence {next}: {error}")),
         }
     }
-    Ok(())
 }
 
 /// Builds the mirror at boot: the latest entry of every key, up to the
@@ -153,106 +151,169 @@ pub async fn load(
     Ok(state)
 }
 
-/// Follows the stream from where the mirror is until `stop`: its own
-/// reconnect loop (a fresh ordered consumer from the next sequence after
-/// any error), rather than trusting a client-side watch to resume.
-pub async fn follow(
-    stream: jetstream::stream::Stream,
-    mirror: Arc<Mirror>,
-    clock: Arc<StreamClock>,
-    subject_prefix: String,
-    stop: CancellationToken,
-    stats: Arc<NatsStats>,
-) {
-    let mut backoff = std::time::Duration::from_millis(50);
-    loop {
-        let start = mirror.stream_seq() + 1;
-        let ended = tokio::select! {
-            () = stop.cancelled() => return,
-            ended = follow_once(&stream, &mirror, &clock, &subject_prefix, start, &mut backoff, &stats) => ended,
-        };
-        tracing::warn!(error = %ended, resume_from = mirror.stream_seq() + 1, "bucket follower restarting");
-        stats.follower_restarted();
-        tokio::select! {
-            () = stop.cancelled() => return,
-            read = read_by_sequence(&stream, &mirror, &clock, &subject_prefix, backoff.max(STALL_CHECK)) => {
-                if let Err(error) = read {
-                    tracing::debug!(%error, "reading the bucket by sequence");
-                    tokio::select! {
-                        () = stop.cancelled() => return,
-                        () = tokio::time::sleep(backoff) => {}
-                    }
-                }
-            }
-        }
-        backoff = (backoff * 2).min(MAX_RESTART_DELAY);
-    }
+/// What the follower needs: the stream, the mirror it fills, and the
+/// signals that it should catch up now.
+pub struct Follower {
+    pub stream: jetstream::stream::Stream,
+    pub mirror: Arc<Mirror>,
+    pub clock: Arc<StreamClock>,
+    pub subject_prefix: String,
+    pub stats: Arc<NatsStats>,
+    /// Turnovers (`turnover`): the consumer may have died with its server
+    /// or its leader; it is recreated at once, from where the mirror is.
+    pub turnovers: Turnovers,
+    /// Notified by a call whose quorum point the mirror has not reached
+    /// within `NUDGE_AFTER`: the follower reads what it is missing by
+    /// sequence from the stream leader, whatever its consumer is doing.
+    pub nudge: Arc<Notify>,
 }
 
-async fn follow_once(
-    stream: &jetstream::stream::Stream,
-    mirror: &Mirror,
-    clock: &StreamClock,
-    subject_prefix: &str,
-    start: u64,
-    backoff: &mut std::time::Duration,
-    stats: &NatsStats,
-) -> String {
-    let consumer = match stream
-        .create_consumer(OrderedConfig {
-            filter_subject: format!("{subject_prefix}>"),
+/// How long a call waits for the mirror to reach its quorum point before it
+/// nudges the follower (`Follower::nudge`). The follower's consumer
+/// normally delivers within a millisecond of the write; this long means it
+/// is being recreated, waiting on a JetStream meta leader, or dead.
+pub const NUDGE_AFTER: Duration = Duration::from_millis(100);
+
+/// Longest a nudged catch-up reads by sequence before the follower goes
+/// back to its consumer (reads resume at the next nudge).
+const NUDGED_READ_BUDGET: Duration = Duration::from_millis(250);
+
+impl Follower {
+    /// Follows the stream from where the mirror is until `stop`: its own
+    /// reconnect loop (a fresh ordered consumer from the next sequence after
+    /// any error or turnover), rather than trusting a client-side watch to
+    /// resume; nothing delivered is read again.
+    pub async fn run(mut self, stop: CancellationToken) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let start = self.mirror.stream_seq() + 1;
+            let ended = tokio::select! {
+                () = stop.cancelled() => return,
+                ended = self.follow_once(start, &mut backoff) => ended,
+            };
+            tracing::warn!(error = %ended, resume_from = self.mirror.stream_seq() + 1, "bucket follower restarting");
+            self.stats.follower_restarted();
+            let read = tokio::select! {
+                () = stop.cancelled() => return,
+                read = self.read_by_sequence(backoff.max(STALL_CHECK)) => read,
+            };
+            if let Err(error) = read {
+                tracing::debug!(%error, "reading the bucket by sequence");
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+            }
+            backoff = (backoff * 2).min(MAX_RESTART_DELAY);
+        }
+    }
+
+    /// Reads the stream message by message from the stream leader, for as
+    /// long as `budget` allows or until caught up. Creating a consumer needs
+    /// the JetStream meta leader, which a lost NATS node can take seconds to
+    /// replace; reading by sequence needs only the stream leader, so the
+    /// mirror keeps up (and this replica's watchers keep receiving)
+    /// meanwhile.
+    async fn read_by_sequence(&self, budget: Duration) -> Result<(), String> {
+        tokio::time::timeout(
+            budget,
+            read_by_sequence(
+                &self.stream,
+                &self.mirror,
+                &self.clock,
+                &self.subject_prefix,
+            ),
+        )
+        .await
+        .unwrap_or(Ok(()))
+    }
+
+    /// `work`, with the nudges that arrive meanwhile served by reading by
+    /// sequence.
+    async fn serving_nudges<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                done = &mut work => return done,
+                () = self.nudge.notified() => self.nudged().await,
+            }
+        }
+    }
+
+    async fn nudged(&self) {
+        if let Err(error) = self.read_by_sequence(NUDGED_READ_BUDGET).await {
+            tracing::debug!(%error, "nudged: reading the bucket by sequence");
+        }
+    }
+
+    async fn follow_once(&mut self, start: u64, backoff: &mut Duration) -> String {
+        self.turnovers.mark_seen();
+        let created = self.serving_nudges(self.stream.create_consumer(OrderedConfig {
+            filter_subject: format!("{}>", self.subject_prefix),
             deliver_policy: DeliverPolicy::ByStartSequence {
                 start_sequence: start,
             },
             ..Default::default()
-        })
-        .await
-    {
-        Ok(consumer) => consumer,
-        Err(error) => return error.to_string(),
-    };
-    let mut messages = match consumer.messages().await {
-        Ok(messages) => messages,
-        Err(error) => return error.to_string(),
-    };
-    loop {
-        let message = match tokio::time::timeout(STALL_CHECK, messages.next()).await {
-            Ok(Some(Ok(message))) => message,
-            Ok(Some(Err(error))) => return error.to_string(),
-            Ok(None) => return "the consumer's message stream ended".to_owned(),
-            Err(_quiet) => match stalled(stream, mirror).await {
-                Ok(false) => continue,
-                Ok(true) => {
-                    return "the consumer stopped delivering; the stream has moved on".to_owned()
-                }
-                Err(error) => return error,
-            },
+        }));
+        let consumer = match created.await {
+            Ok(consumer) => consumer,
+            Err(error) => return error.to_string(),
         };
-        // Every message of the stream matches the filter, so a hole in the
-        // delivered sequence is either messages the stream dropped (a purge,
-        // the per-key history limit) or messages this consumer skipped (seen
-        // right after a failover, reading a stream replica still catching
-        // up). Skipped ones would be a gap: start over from the hole.
-        let delivered = message.info().map(|info| info.stream_sequence).unwrap_or(0);
-        stats.delivered(&message);
-        let applied = mirror.stream_seq();
-        if delivered > applied + 1 {
-            match skipped(stream, applied + 1, delivered).await {
-                Ok(None) => {}
-                Ok(Some(missing)) => {
-                    return format!(
-                        "the consumer skipped stream sequence {missing}, which the stream holds"
-                    )
+        let mut messages = match self.serving_nudges(consumer.messages()).await {
+            Ok(messages) => messages,
+            Err(error) => return error.to_string(),
+        };
+        loop {
+            let next = tokio::select! {
+                next = tokio::time::timeout(STALL_CHECK, messages.next()) => next,
+                () = self.turnovers.next() => {
+                    return "the stream leader or the NATS connection moved".to_owned()
                 }
+                () = self.nudge.notified() => {
+                    self.nudged().await;
+                    continue;
+                }
+            };
+            let message = match next {
+                Ok(Some(Ok(message))) => message,
+                Ok(Some(Err(error))) => return error.to_string(),
+                Ok(None) => return "the consumer's message stream ended".to_owned(),
+                Err(_quiet) => match stalled(&self.stream, &self.mirror).await {
+                    Ok(false) => continue,
+                    Ok(true) => {
+                        return "the consumer stopped delivering; the stream has moved on"
+                            .to_owned()
+                    }
+                    Err(error) => return error,
+                },
+            };
+            // Every message of the stream matches the filter, so a hole in
+            // the delivered sequence is either messages the stream dropped (a
+            // purge, the per-key history limit) or messages this consumer
+            // skipped (seen right after a failover, reading a stream replica
+            // still catching up). Skipped ones would be a gap: start over
+            // from the hole.
+            let delivered = message.info().map(|info| info.stream_sequence).unwrap_or(0);
+            self.stats.delivered(&message);
+            let applied = self.mirror.stream_seq();
+            if delivered > applied + 1 {
+                match skipped(&self.stream, applied + 1, delivered).await {
+                    Ok(None) => {}
+                    Ok(Some(missing)) => {
+                        return format!(
+                            "the consumer skipped stream sequence {missing}, which the stream holds"
+                        )
+                    }
+                    Err(error) => return error,
+                }
+            }
+            match parse(&message, &self.subject_prefix, &self.clock) {
+                Ok((stream_seq, Some((id, change)))) => self.mirror.apply(stream_seq, id, change),
+                Ok((stream_seq, None)) => self.mirror.skip(stream_seq),
                 Err(error) => return error,
             }
+            *backoff = Duration::from_millis(50);
         }
-        match parse(&message, subject_prefix, clock) {
-            Ok((stream_seq, Some((id, change)))) => mirror.apply(stream_seq, id, change),
-            Ok((stream_seq, None)) => mirror.skip(stream_seq),
-            Err(error) => return error,
-        }
-        *backoff = std::time::Duration::from_millis(50);
     }
 }
 
@@ -285,21 +346,28 @@ async fn skipped(
 /// The longest pause between follower restarts. Short: while the follower
 /// is down this replica's watchers see nothing, and a session written more
 /// than the bucket's per-key history in the meantime leaves a gap.
-const MAX_RESTART_DELAY: std::time::Duration = std::time::Duration::from_millis(250);
+const MAX_RESTART_DELAY: Duration = Duration::from_millis(250);
 
 /// How long the follower waits for a message before it asks whether the
 /// stream is really quiet. The client's ordered consumer notices a dead
-/// server only after two missed heartbeats (tens of seconds); a follower
-/// that stalls that long leaves this replica's watchers and listings behind.
-const STALL_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+/// server only after two missed heartbeats (10 s); a follower that stalls
+/// that long leaves this replica's watchers and listings behind. With
+/// `STALL_INFO_TIMEOUT` and the second look, a dead consumer is noticed
+/// within about 2 s of its last message.
+const STALL_CHECK: Duration = Duration::from_secs(1);
+
+/// Longest the stall check waits for the stream's info: a stream leader
+/// that cannot answer in this long is itself a reason to start over.
+const STALL_INFO_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Whether the stream holds messages the mirror has not seen and the
 /// consumer is not delivering them (checked twice, so a message merely in
 /// flight is not mistaken for a stall).
 async fn stalled(stream: &jetstream::stream::Stream, mirror: &Mirror) -> Result<bool, String> {
-    let last = stream
-        .get_info()
+    let info = tokio::time::timeout(STALL_INFO_TIMEOUT, stream.get_info())
         .await
+        .map_err(|_| "stream info: no answer within the stall check".to_owned())?;
+    let last = info
         .map_err(|e| format!("stream info: {e}"))?
         .state
         .last_sequence;

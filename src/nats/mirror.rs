@@ -45,9 +45,24 @@ pub struct Known {
     /// The stream sequence of the key's last message (its KV revision, a
     /// touch included): what a quorum-confirmed read compares its read with.
     pub stored_at: u64,
+    /// The key's message before `stored_at`, 0 when this mirror did not see
+    /// the key hold one (`Mirror::latest_at`).
+    pub replaced: u64,
 }
 
 impl Known {
+    /// The key's message that was latest at stream sequence `point`, if it
+    /// is one of the two this record remembers.
+    fn latest_at(&self, point: u64) -> Option<u64> {
+        if self.stored_at <= point {
+            Some(self.stored_at)
+        } else if self.replaced != 0 && self.replaced <= point {
+            Some(self.replaced)
+        } else {
+            None
+        }
+    }
+
     pub(super) fn snapshot(&self, id: &SessionId) -> SessionSnapshot {
         SessionSnapshot {
             session_id: id.clone(),
@@ -137,6 +152,7 @@ impl MirrorState {
             responses_started: entry.persisted.responses_started,
             since: entry.persisted.since,
             stored_at: stream_seq,
+            replaced: self.sessions.get(&id).map_or(0, |old| old.stored_at),
         };
         if let Some(old) = self.sessions.insert(id, known) {
             self.count(old.phase, -1);
@@ -218,6 +234,17 @@ impl Mirror {
     /// What this mirror knows of one session now; `None` if absent.
     pub fn known(&self, id: &SessionId) -> Option<Known> {
         self.lock().sessions.get(id).copied()
+    }
+
+    /// The key's latest message at stream sequence `point` (`Some(None)`:
+    /// absent), where this mirror, having applied `point`, can tell: the
+    /// latest now, or the one it replaced if that came at or before the
+    /// point. `None` when the key moved more than once since.
+    pub fn latest_at(&self, id: &SessionId, point: u64) -> Option<Option<u64>> {
+        match self.lock().sessions.get(id) {
+            Some(known) => known.latest_at(point).map(Some),
+            None => Some(None),
+        }
     }
 
     pub fn counts(&self) -> PhaseCounts {
@@ -335,5 +362,31 @@ impl Mirror {
         after_seq: Option<u64>,
     ) -> Result<Subscription, CoordError> {
         self.log.subscribe_all_within(scope, after_seq)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_latest_message_at_a_point_is_told_only_where_it_is_remembered() {
+        let known = |replaced, stored_at| Known {
+            phase: Phase::Idle,
+            revision: 1,
+            responses_started: 0,
+            since: 0,
+            stored_at,
+            replaced,
+        };
+        // Written at 7 after 3: up to 6 the latest was 3, from 7 on it is 7.
+        assert_eq!(known(3, 7).latest_at(9), Some(7));
+        assert_eq!(known(3, 7).latest_at(7), Some(7));
+        assert_eq!(known(3, 7).latest_at(6), Some(3));
+        assert_eq!(known(3, 7).latest_at(3), Some(3));
+        // Before 3 it moved at least twice, or was absent: not known here.
+        assert_eq!(known(3, 7).latest_at(2), None);
+        // First seen at 7 (created, or read at boot): nothing known before.
+        assert_eq!(known(0, 7).latest_at(6), None);
     }
 }

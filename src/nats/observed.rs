@@ -59,10 +59,13 @@ pub(super) enum RetryReason {
     Timeout,
     /// Any other transient failure (a broken connection).
     Other,
+    /// A turnover (`turnover`) while the request was in flight: the stream
+    /// leader moved or the connection broke, so its answer may never come.
+    Moved,
 }
 
 /// Retry reasons as the metrics name them.
-pub const RETRY_REASONS: [&str; 4] = ["not_ready", "no_responders", "timeout", "other"];
+pub const RETRY_REASONS: [&str; 5] = ["not_ready", "no_responders", "timeout", "other", "moved"];
 
 impl RetryReason {
     fn index(self) -> usize {
@@ -75,7 +78,7 @@ impl RetryReason {
 #[derive(Debug, Default)]
 pub(super) struct NatsStats {
     conflicts: AtomicU64,
-    retries: [AtomicU64; 4],
+    retries: [AtomicU64; 5],
     connected: AtomicBool,
     /// Connections made, the first one included.
     connects: AtomicU64,
@@ -97,7 +100,7 @@ pub struct NatsCounts {
     pub cas_conflicts: u64,
     /// Store requests tried again after a transient failure, indexed like
     /// [`RETRY_REASONS`].
-    pub store_retries: [u64; 4],
+    pub store_retries: [u64; 5],
     pub connected: bool,
     /// Connections made after the first.
     pub reconnects: u64,
@@ -247,7 +250,7 @@ mod tests {
         stats.retried(RetryReason::NotReady);
         stats.conflict();
         let counts = stats.counts(0);
-        assert_eq!(counts.store_retries, [1, 0, 2, 0]);
+        assert_eq!(counts.store_retries, [1, 0, 2, 0, 0]);
         assert_eq!(RETRY_REASONS[RetryReason::Timeout.index()], "timeout");
         assert_eq!(counts.cas_conflicts, 1);
     }

@@ -9,7 +9,7 @@ use async_nats::jetstream::{
     stream::{DiscardPolicy, StorageType},
 };
 
-use super::observed::NatsStats;
+use super::{observed::NatsStats, turnover::Turnover};
 
 /// How to reach and lay out the bucket.
 #[derive(Clone, Debug)]
@@ -190,23 +190,38 @@ pub enum NatsError {
     Load { bucket: String, reason: String },
 }
 
+/// The bucket, opened.
+pub(super) struct Opened {
+    pub(super) client: async_nats::Client,
+    pub(super) kv: kv::Store,
+    pub(super) stream: jetstream::stream::Stream,
+}
+
 /// Connects to NATS and opens the bucket, creating it if it does not exist
 /// (after checking that the server's compare-and-set is safe for its
-/// replication). The connection's events go to `observed`.
+/// replication). The connection's events go to `observed` and `turnover`;
+/// a server entering lame duck is left at once (`lame_duck`).
 pub(super) async fn open_bucket(
     settings: &NatsSettings,
     observed: &Arc<NatsStats>,
-) -> Result<(kv::Store, jetstream::stream::Stream), NatsError> {
+    turnover: &Arc<Turnover>,
+) -> Result<Opened, NatsError> {
     let options = settings
         .security
         .apply(async_nats::ConnectOptions::new())
         .await
         .map_err(NatsError::Security)?;
-    let events = Arc::clone(observed);
+    let (events, turnovers) = (Arc::clone(observed), Arc::clone(turnover));
+    let connected = Arc::new(std::sync::OnceLock::<async_nats::Client>::new());
+    let reconnect = Arc::clone(&connected);
     let client = options
         .name("respcoord")
         .event_callback(move |event| {
             events.connection(&event);
+            turnovers.on_connection(&event);
+            if event == async_nats::Event::LameDuckMode {
+                lame_duck(reconnect.get().cloned());
+            }
             std::future::ready(())
         })
         .connection_timeout(settings.request_timeout.max(Duration::from_secs(1)))
@@ -219,8 +234,10 @@ pub(super) async fn open_bucket(
             url: redacted_url(&settings.url),
             reason: e.to_string(),
         })?;
+    // The callback only reads it; set once, right after connecting.
+    let _ = connected.set(client.clone());
     let server_version = client.server_info().version;
-    let mut js = jetstream::new(client);
+    let mut js = jetstream::new(client.clone());
     js.set_timeout(settings.request_timeout);
     let bucket_error = |reason: String| NatsError::Bucket {
         bucket: settings.bucket.clone(),
@@ -232,7 +249,22 @@ pub(super) async fn open_bucket(
         .get_key_value(settings.bucket.as_str())
         .await
         .map_err(|e| bucket_error(e.to_string()))?;
-    Ok((kv, stream))
+    Ok(Opened { client, kv, stream })
+}
+
+/// The server this replica is connected to entered lame duck: it will
+/// close every client connection at a moment of its choosing within its
+/// lame-duck duration, and it no longer takes new ones. Moving now, while
+/// the rest of the cluster serves, makes that break happen at once and
+/// once (a turnover: requests in flight are sent again) instead of at a
+/// random moment later, possibly in the middle of the restart it announces.
+fn lame_duck(client: Option<async_nats::Client>) {
+    let Some(client) = client else { return };
+    tokio::spawn(async move {
+        if let Err(error) = client.force_reconnect().await {
+            tracing::warn!(%error, "leaving a NATS server in lame duck");
+        }
+    });
 }
 
 fn seed_servers(url: &str) -> Vec<&str> {

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use async_nats::jetstream::kv::Operation;
 use tokio_stream::StreamExt as _;
 
-use super::{entry, failure::Patience, unavailable, Inner, NatsCoordinator, Read};
+use super::{entry, unavailable, Inner, NatsCoordinator, Read};
 use crate::{
     error::CoordError,
     events::{Scope, SharedEvent, Subscription},
@@ -48,7 +48,7 @@ impl NatsCoordinator {
         }
         let (live, release) = self.inner.mirror.subscribe_session(id);
         let key = entry::key(id);
-        let mut patience = Patience::new(self.inner.patience);
+        let mut patience = self.inner.patience();
         let read = self.inner.read(id, &key, &mut patience).await?;
         let (current, terminated) = match &read {
             Read::Live { entry, .. } => (

@@ -736,7 +736,7 @@ async fn run(args: &FailoverArgs, binary: &Path, fault: Fault) -> Result<String,
     println!("  the replicas' NATS connections per node before the fault: {connections:?}");
     for (i, replica) in replicas.iter().enumerate() {
         let (b, a) = (&before[i], replica.nats_stats());
-        let retries = (0..4).map(|r| {
+        let retries = (0..RETRY_REASONS.len()).map(|r| {
             format!(
                 "{} {}",
                 RETRY_REASONS[r],
