@@ -579,3 +579,130 @@ async fn the_binary_serves_with_a_nats_password_file() {
     assert!(matches!(answered, Ok(Ok(_))), "{answered:?}\n{}", logged());
     assert!(!logged().contains(PASSWORD), "the password was logged");
 }
+
+// ---- least privilege ----
+
+/// The NATS permissions a replica needs on bucket `bucket`, as
+/// docs/cluster.md ("NATS permissions") lists them, in config file syntax.
+fn least_privilege(bucket: &str) -> String {
+    let stream = format!("KV_{bucket}");
+    let publish = [
+        format!("$JS.API.STREAM.INFO.{stream}"),
+        format!("$JS.API.STREAM.CREATE.{stream}"),
+        format!("$JS.API.STREAM.MSG.GET.{stream}"),
+        // The key history's consumer is created without a name (the
+        // stream's subject alone), the follower's with one.
+        format!("$JS.API.CONSUMER.CREATE.{stream}"),
+        format!("$JS.API.CONSUMER.CREATE.{stream}.>"),
+        format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.>"),
+        // Flow control of the key history's consumer: answered once a
+        // history outgrows the consumer's window, not in this test.
+        format!("$JS.FC.{stream}.>"),
+        format!("$KV.{bucket}.>"),
+    ];
+    let subscribe = [
+        "_INBOX.>".to_owned(),
+        format!("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.{stream}"),
+    ];
+    let quoted = |subjects: &[String]| {
+        subjects
+            .iter()
+            .map(|s| format!("\"{s}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "authorization {{ users: [ {{ user: \"{USER}\", password: \"{PASSWORD}\", \
+         permissions: {{ publish: {{ allow: [{}] }}, subscribe: {{ allow: [{}] }} }} }} ] }}",
+        quoted(&publish),
+        quoted(&subscribe)
+    )
+}
+
+/// A replica whose NATS user may do only what docs/cluster.md lists creates
+/// its bucket and serves every kind of call and watch, and nats-server
+/// reports no permissions violation: the list is complete. Without the
+/// bucket's subjects the same user is refused.
+#[tokio::test]
+async fn a_replica_serves_with_only_the_documented_nats_permissions() {
+    let bucket = fresh_bucket();
+    let nats = Nats::start(Scratch::new(), &least_privilege(&bucket));
+    let settings = NatsSettings {
+        url: nats.url("nats"),
+        bucket: bucket.clone(),
+        request_timeout: Duration::from_secs(5),
+        memory_storage: true,
+        security: password(USER, PASSWORD),
+        ..NatsSettings::default()
+    };
+    let coordinator = NatsCoordinator::connect(&settings, RegistryConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}\nnats-server log:\n{}", nats.log()));
+    let id = SessionId::parse("least-privilege").expect("a session id");
+    let mut watch = coordinator
+        .watch_session(&id, None)
+        .await
+        .expect("watch the session");
+    let mut watch_all = coordinator
+        .watch_all(&respcoord::ids::SessionScope::All, None)
+        .await
+        .expect("watch every session");
+    let first = coordinator
+        .start(&id, Source::Client, None)
+        .await
+        .expect("start");
+    let second = coordinator
+        .start(&id, Source::Vad, None)
+        .await
+        .expect("supersede");
+    assert!(second.response > first.response);
+    let stale = coordinator
+        .finish(&id, Some(first.response), FinishStatus::Completed)
+        .await
+        .expect("a stale finish (a quorum point)");
+    assert!(
+        !stale.result,
+        "the superseded response is not finished again"
+    );
+    coordinator.cancel(&id, None).await.expect("cancel");
+    coordinator.state(&id).await.expect("get state");
+    coordinator
+        .list(&respcoord::ids::SessionScope::All, 10, None)
+        .await
+        .expect("list");
+    let replayed = coordinator
+        .watch_session(&id, Some(0))
+        .await
+        .unwrap_or_else(|e| panic!("a session watch from its history: {e}\n{}", nats.log()));
+    drop(replayed);
+    coordinator.shutdown(&id).await.expect("shutdown");
+    for (name, subscription) in [("session", &mut watch), ("every session", &mut watch_all)] {
+        let delivery = tokio::time::timeout(PATIENCE, subscription.next(16))
+            .await
+            .unwrap_or_else(|_| panic!("the {name} watch received nothing"))
+            .expect("events");
+        assert!(
+            matches!(delivery, respcoord::events::Delivery::Events { ref events, .. } if !events.is_empty()),
+            "the {name} watch received events: {delivery:?}"
+        );
+    }
+    let log = nats.log();
+    assert!(
+        !log.contains("Violation"),
+        "nats-server reported a permissions violation: a permission docs/cluster.md \
+         does not list is needed:\n{log}"
+    );
+
+    // The same user on another bucket has none of its subjects.
+    let elsewhere = NatsSettings {
+        bucket: fresh_bucket(),
+        request_timeout: Duration::from_secs(2),
+        ..settings
+    };
+    assert!(
+        NatsCoordinator::connect(&elsewhere, RegistryConfig::default())
+            .await
+            .is_err(),
+        "a bucket the user has no permissions on was opened"
+    );
+}
