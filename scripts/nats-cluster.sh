@@ -9,7 +9,8 @@
 # NAME (default: the version) names the cluster's directory,
 # target/nats-cluster/NAME/, which holds each node's store, log and pid.
 # Ports are picked free. `start` returns once every node reports a
-# JetStream meta leader, so an R3 bucket can be created at once.
+# JetStream meta leader and the leader reports both peers current, so an R3
+# bucket can be created at once.
 # RESPCOORD_NATS_CLUSTER_CONFIG names a nats-server config file every node
 # also loads (e.g. `jetstream { sync_interval: always }`); the flags here
 # take precedence over it.
@@ -40,15 +41,27 @@ print(" ".join(str(s.getsockname()[1]) for s in held))
 PY
 }
 
-# Whether the node's monitoring endpoint names a JetStream meta leader.
-has_meta_leader() {
-  python3 - "$1" <<'PY'
+# Whether JetStream's meta group is whole: every node (monitoring ports as
+# arguments) names a meta leader, and the leader reports both other nodes
+# as current peers. A leader alone is not enough: an R3 stream created
+# before its peers are current is refused with "no suitable peers for
+# placement" (10005), seen on 2.10.26.
+meta_ready() {
+  python3 - "$@" <<'PY'
 import json, sys, urllib.request
-try:
-    with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/jsz", timeout=1) as r:
-        sys.exit(0 if json.load(r).get("meta_cluster", {}).get("leader") else 1)
-except Exception:
-    sys.exit(1)
+whole = False
+for port in sys.argv[1:]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/jsz", timeout=1) as r:
+            meta = json.load(r).get("meta_cluster", {})
+    except Exception:
+        sys.exit(1)
+    if not meta.get("leader"):
+        sys.exit(1)
+    peers = meta.get("replicas") or []
+    if len(peers) == len(sys.argv) - 2 and all(p.get("current") for p in peers):
+        whole = True
+sys.exit(0 if whole else 1)
 PY
 }
 
@@ -79,13 +92,12 @@ start)
     urls+="${urls:+,}nats://127.0.0.1:${ports[$i]}"
   done
   for _ in $(seq 300); do
-    ready=1
-    for i in 0 1 2; do has_meta_leader "${ports[$((6 + i))]}" || ready=0; done
-    [ $ready = 1 ] && break
+    ready=0
+    meta_ready "${ports[6]}" "${ports[7]}" "${ports[8]}" && ready=1 && break
     sleep 0.1
   done
   if [ $ready != 1 ]; then
-    echo "nats-server $version cluster did not elect a meta leader; see $dir/*.log" >&2
+    echo "nats-server $version cluster did not form its JetStream meta group; see $dir/*.log" >&2
     stop "$dir"
     exit 1
   fi
