@@ -18,6 +18,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Buffers sized for watches held open for a whole call.
+        .codec_path("crate::proto::codec::Codec")
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

@@ -5,10 +5,12 @@
 //! coordinator-wide `seq` under one short lock (the NATS backend's come with
 //! their seqs, [`EventLog::publish`]), keeps a bounded
 //! window of them for `after_seq` resume, and hands them to watchers through
-//! bounded `tokio::sync::broadcast` channels. Sending on a broadcast channel
-//! never waits, so a slow watcher can only fall behind, never slow a call: when
-//! it falls further behind than its channel holds, its receiver reports the lag
-//! and the watch is ended with a status that says so (never a silent gap).
+//! bounded [`Feed`]s (`events/feed.rs`): every session's to watch-all
+//! through one, each watched session's to its watchers through its own.
+//! Sending never waits, so a slow watcher can only fall behind, never slow a
+//! call: when it falls further behind than its bound, its receiver reports
+//! the lag and the watch is ended with a status that says so (never a silent
+//! gap).
 //!
 //! `seq` starts just above the Unix time in nanoseconds at boot. Any seq a
 //! previous process handed out is therefore below this process's first one, so
@@ -19,9 +21,10 @@
 use std::{
     collections::VecDeque,
     sync::{Arc, PoisonError},
+    task::{Context, Poll},
 };
 
-use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use crate::sync::{
     atomic::{AtomicU64, Ordering},
@@ -30,6 +33,9 @@ use crate::sync::{
 use crate::{error::CoordError, ids::SessionScope};
 
 pub use crate::event::{LifecycleEvent, SharedEvent};
+pub(crate) use feed::{Feed, FeedReceiver};
+
+mod feed;
 
 /// Sizes of the log's buffers.
 #[derive(Clone, Copy, Debug)]
@@ -47,7 +53,7 @@ pub struct EventLog {
     published_seq: AtomicU64,
     /// The seq "before the first event" of this process.
     base_seq: u64,
-    /// Bumped by [`EventLog::break_watches`]; a subscription whose channel
+    /// Bumped by [`EventLog::break_watches`]; a subscription whose feed
     /// closes under a newer generation was cut off, not finished.
     generation: AtomicU64,
 }
@@ -62,13 +68,13 @@ struct LogInner {
     retained_capacity: usize,
     /// Every seq up to here has been dropped from `retained`.
     evicted_through: u64,
-    watch_all: broadcast::Sender<SharedEvent>,
+    watch_all: Arc<Feed>,
     watch_all_capacity: usize,
 }
 
 impl EventLog {
     pub fn new(base_seq: u64, limits: LogLimits) -> Self {
-        let (watch_all, _) = broadcast::channel(limits.watch_all_buffer.max(1));
+        let watch_all = Feed::new(limits.watch_all_buffer);
         Self {
             inner: Mutex::new(LogInner {
                 next_seq: base_seq + 1,
@@ -110,20 +116,17 @@ impl EventLog {
     /// Publishes events that already carry their seqs: a backend whose order
     /// is made elsewhere (NATS: the stream's). Events at or below the last
     /// published seq are a redelivery and are dropped.
-    pub fn publish(
-        &self,
-        session_watchers: Option<&broadcast::Sender<SharedEvent>>,
-        events: &[SharedEvent],
-    ) {
+    pub(crate) fn publish(&self, session_watchers: Option<&Feed>, events: &[SharedEvent]) {
         let mut inner = self.lock();
         for event in events {
             if event.seq < inner.next_seq {
                 continue;
             }
             inner.retain(event);
-            let _ = inner.watch_all.send(event.clone());
+            let one = std::slice::from_ref(event);
+            inner.watch_all.send(one);
             if let Some(watchers) = session_watchers {
-                let _ = watchers.send(event.clone());
+                watchers.send(one);
             }
             inner.next_seq = event.seq + 1;
             self.published_seq.store(event.seq, Ordering::Release);
@@ -146,8 +149,8 @@ impl EventLog {
     pub fn break_watches(&self) {
         let mut inner = self.lock();
         self.generation.fetch_add(1, Ordering::AcqRel);
-        let (watch_all, _) = broadcast::channel(inner.watch_all_capacity);
-        inner.watch_all = watch_all;
+        inner.watch_all.close();
+        inner.watch_all = Feed::new(inner.watch_all_capacity);
         inner.retained.clear();
         inner.evicted_through = inner.next_seq.saturating_sub(1);
     }
@@ -222,11 +225,7 @@ impl Append<'_> {
     /// Publishes one transition's events, which carry consecutive seqs from
     /// [`Append::next_seq`]: retained for resume, sent to watch-all and to
     /// the session's watchers.
-    pub fn publish(
-        &mut self,
-        session_watchers: Option<&broadcast::Sender<SharedEvent>>,
-        events: &[SharedEvent],
-    ) {
+    pub(crate) fn publish(&mut self, session_watchers: Option<&Feed>, events: &[SharedEvent]) {
         let Some(last) = events.last() else {
             return;
         };
@@ -237,11 +236,10 @@ impl Append<'_> {
         );
         for event in events {
             self.inner.retain(event);
-            // An error only means nobody is watching right now.
-            let _ = self.inner.watch_all.send(event.clone());
-            if let Some(watchers) = session_watchers {
-                let _ = watchers.send(event.clone());
-            }
+        }
+        self.inner.watch_all.send(events);
+        if let Some(watchers) = session_watchers {
+            watchers.send(events);
         }
         self.inner.next_seq = last.seq + 1;
         self.log.published_seq.store(last.seq, Ordering::Release);
@@ -351,7 +349,7 @@ pub struct Subscription {
     backlog: VecDeque<SharedEvent>,
     // Field order matters: the receiver must be dropped before `_release`
     // runs, so the release sees this watcher gone.
-    live: broadcast::Receiver<SharedEvent>,
+    live: FeedReceiver,
     scope: Scope,
     /// Sessions this watcher may see (a scoped caller's watch-all).
     filter: SessionScope,
@@ -368,7 +366,7 @@ impl Subscription {
     pub(crate) fn new(
         scope: Scope,
         backlog: VecDeque<SharedEvent>,
-        live: broadcast::Receiver<SharedEvent>,
+        live: FeedReceiver,
         log: Arc<EventLog>,
         release: Option<OnDrop>,
     ) -> Self {
@@ -448,8 +446,19 @@ impl Subscription {
 
     /// Waits for the next events (at most `max`), backlog first.
     pub async fn next(&mut self, max: usize) -> Result<Delivery, Lagged> {
+        std::future::poll_fn(|cx| self.poll_next(cx, max)).await
+    }
+
+    /// The next events (at most `max`), backlog first; `Pending` with `cx`
+    /// woken when an event is published. A watch's response stream polls
+    /// this directly, so an idle watch holds no future (`grpc::watch`).
+    pub fn poll_next(
+        &mut self,
+        cx: &mut Context<'_>,
+        max: usize,
+    ) -> Poll<Result<Delivery, Lagged>> {
         if self.finished {
-            return Ok(Delivery::End);
+            return Poll::Ready(Ok(Delivery::End));
         }
         let max = max.max(1);
         let mut batch = Vec::new();
@@ -461,29 +470,35 @@ impl Subscription {
                 };
                 ends = self.take(event, &mut batch);
             }
-            return Ok(self.deliver(batch, ends));
+            return Poll::Ready(Ok(self.deliver(batch, ends)));
         }
         loop {
-            match self.live.recv().await {
-                Ok(event) if self.wanted(&event) => {
+            match self.live.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(event)) if self.wanted(&event) => {
                     ends = self.take(event, &mut batch);
                     break;
                 }
-                Ok(_) => {}
-                Err(RecvError::Lagged(missed)) => return Err(self.lagged(missed)),
-                Err(RecvError::Closed) if self.log.generation() != self.generation => {
-                    return Err(self.lagged(0))
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(RecvError::Lagged(missed))) => {
+                    return Poll::Ready(Err(self.lagged(missed)))
                 }
-                Err(RecvError::Closed) => {
+                Poll::Ready(Err(RecvError::Closed)) if self.log.generation() != self.generation => {
+                    return Poll::Ready(Err(self.lagged(0)))
+                }
+                Poll::Ready(Err(RecvError::Closed)) => {
                     self.finished = true;
-                    return Ok(Delivery::End);
+                    return Poll::Ready(Ok(Delivery::End));
                 }
             }
         }
         if !ends {
-            ends = self.drain_ready(&mut batch, max)?;
+            ends = match self.drain_ready(&mut batch, max) {
+                Ok(ends) => ends,
+                Err(lagged) => return Poll::Ready(Err(lagged)),
+            };
         }
-        Ok(self.deliver(batch, ends))
+        Poll::Ready(Ok(self.deliver(batch, ends)))
     }
 
     /// Moves already-published events into `batch` without waiting; true if

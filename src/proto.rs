@@ -1,6 +1,8 @@
 //! Code generated from `proto/respcoord/v1/coordinator.proto` at build time.
 //! Only the `grpc` module (and clients) use these types; the domain never does.
 
+pub mod codec;
+
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("respcoord.v1");

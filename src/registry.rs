@@ -26,7 +26,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::Notify;
 
 use crate::sync::{
     atomic::{AtomicU64, AtomicUsize, Ordering},
@@ -35,7 +35,7 @@ use crate::sync::{
 use crate::{
     decision::{self, Decision, Presence, Room, Stamp},
     error::CoordError,
-    events::{Append, EventLog, LogLimits, SharedEvent},
+    events::{Append, EventLog, Feed, LogLimits},
     ids::{ResponseId, SessionId},
     machine::{Phase, TeardownReason},
     session::{Call, Millis, Session, SessionSnapshot, Ttls},
@@ -57,7 +57,8 @@ struct Shard {
     /// even with a million sessions; listing pays instead (see `list`).
     sessions: HashMap<SessionId, Session>,
     expiry: BinaryHeap<Reverse<(Millis, SessionId)>>,
-    watchers: HashMap<SessionId, broadcast::Sender<SharedEvent>>,
+    /// Feeds of the sessions someone watches (most have no entry).
+    watchers: HashMap<SessionId, Arc<Feed>>,
     /// This shard's counters for the metrics, kept under its lock.
     stats: CoordStats,
 }
@@ -248,7 +249,7 @@ impl Inner {
     /// Publishes a decision's events (under the shard lock, with the log's
     /// lock the stamp took) and counts it.
     fn carry_out(
-        watchers: Option<&broadcast::Sender<SharedEvent>>,
+        watchers: Option<&Feed>,
         stats: &mut CoordStats,
         append: Option<Append<'_>>,
         id: &SessionId,
@@ -301,7 +302,7 @@ impl Inner {
             }
         };
         Self::carry_out(
-            watchers.get(id.as_str()),
+            watchers.get(id.as_str()).map(Arc::as_ref),
             stats,
             append,
             id,

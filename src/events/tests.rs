@@ -120,9 +120,10 @@ fn after_backlog_raises_the_threshold_to_what_the_backlog_holds() {
 /// (subscribed first) carries 1..=6. Revisions come once.
 #[test]
 fn a_backlog_read_after_later_writes_is_not_repeated_live() {
-    let (tx, live) = broadcast::channel(64);
+    let feed = Feed::new(64);
+    let live = feed.subscribe();
     for revision in 1..=6 {
-        tx.send(event(revision, 10 * revision)).unwrap();
+        feed.send(&[event(revision, 10 * revision)]);
     }
     let backlog = (1..=4).map(|r| event(r, 10 * r)).collect();
     let mut watch = Subscription::new(Scope::session(Some(0), 1), backlog, live, log(), None);
@@ -187,9 +188,10 @@ proptest! {
     #[test]
     fn a_session_handover_never_repeats_or_skips(setup in setup()) {
         let Setup { total, subscribed_at, current, backlog_to, after_revision } = setup;
-        let (tx, live) = broadcast::channel(64);
+        let feed = Feed::new(64);
+        let live = feed.subscribe();
         for revision in subscribed_at + 1..=total {
-            tx.send(event(revision, 100 + revision)).unwrap();
+            feed.send(&[event(revision, 100 + revision)]);
         }
         // What a backend fetches: the history after the resume point, as the
         // session stood at `backlog_to`, when it is behind what was read.

@@ -4,10 +4,16 @@
 //! or at server shutdown, and ending with RESOURCE_EXHAUSTED when the watcher
 //! fell behind.
 
-use std::time::Duration;
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
 
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio::time::{Instant, Sleep};
+use tokio_stream::Stream;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::Status;
 
 use crate::{
@@ -74,14 +80,17 @@ fn from_delivery(delivery: Result<Delivery, crate::events::Lagged>) -> Step {
 
 /// One Watch's responses, as the RPC's response body polls them.
 ///
-/// The body's own HTTP/2 stream task drives the subscription: an event
+/// The body's own HTTP/2 stream task polls the subscription: an event
 /// reaches the socket with no task or channel in between (a pump task
 /// feeding a channel cost each batch one more wake-up, and under load one
-/// more wait in the run queue). The stream ends cleanly at the session's
-/// `terminated` event or at server shutdown, and with RESOURCE_EXHAUSTED
-/// when the watcher fell behind. How it ended is recorded as `span`'s
-/// `outcome` when the stream is dropped ("client_left" if the caller went
-/// first), and the watch's `slot` is held until then.
+/// more wait in the run queue). The stream is polled by hand rather than
+/// built from async blocks: a replica holds one per live call, and the
+/// futures an `unfold` + `select!` keep between polls doubled what an idle
+/// watch cost (docs/operations.md, "Memory"). The stream ends cleanly at
+/// the session's `terminated` event or at server shutdown, and with
+/// RESOURCE_EXHAUSTED when the watcher fell behind. How it ended is recorded
+/// as `span`'s `outcome` when the stream is dropped ("client_left" if the
+/// caller went first), and the watch's `slot` is held until then.
 pub fn responses(
     subscription: Subscription,
     settings: WatchSettings,
@@ -89,25 +98,18 @@ pub fn responses(
     slot: Option<WatchSlot>,
     span: tracing::Span,
 ) -> WatchStream {
-    let watch = Watch {
+    Box::pin(Watch {
         subscription,
         settings,
-        shutdown,
-        quiet_until: Instant::now() + settings.bookmark_interval,
+        shutdown: shutdown.cancelled_owned(),
+        quiet: tokio::time::sleep(settings.bookmark_interval),
+        done: false,
         ending: Ending {
             outcome: "client_left",
             slot,
             span,
         },
-    };
-    Box::pin(futures_util::stream::unfold(
-        Some(watch),
-        |watch| async move {
-            let mut watch = watch?;
-            let (item, more) = watch.next().await?;
-            Some((item, more.then_some(watch)))
-        },
-    ))
+    })
 }
 
 /// The response stream a Watch answers with.
@@ -115,12 +117,18 @@ pub type WatchStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = WatchIt
 
 const LAGGED: &str = "lagged";
 
-struct Watch {
-    subscription: Subscription,
-    settings: WatchSettings,
-    shutdown: CancellationToken,
-    quiet_until: Instant,
-    ending: Ending,
+pin_project_lite::pin_project! {
+    struct Watch {
+        subscription: Subscription,
+        settings: WatchSettings,
+        #[pin]
+        shutdown: WaitForCancellationFutureOwned,
+        // Fires when the stream has been quiet for the bookmark interval.
+        #[pin]
+        quiet: Sleep,
+        done: bool,
+        ending: Ending,
+    }
 }
 
 /// Records how the watch ended when it is dropped, whoever drops it.
@@ -141,50 +149,65 @@ impl Drop for Ending {
     }
 }
 
-impl Watch {
-    /// The next response and whether any may follow it; `None` when the
-    /// stream ends cleanly.
-    async fn next(&mut self) -> Option<(WatchItem, bool)> {
-        let max_batch = self.settings.max_batch;
+impl Stream for Watch {
+    type Item = WatchItem;
+
+    /// Shutdown first, then events, then (when quiet) a bookmark.
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<WatchItem>> {
+        let mut this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
+        let max_batch = this.settings.max_batch;
         loop {
-            let step = tokio::select! {
-                biased;
-                () = self.shutdown.cancelled() => {
-                    self.ending.outcome = "server_shutdown";
-                    return None;
-                }
-                delivery = self.subscription.next(max_batch) => from_delivery(delivery),
-                () = tokio::time::sleep_until(self.quiet_until) => {
-                    match self.subscription.bookmark(max_batch) {
-                        Ok(Bookmark::Progress(progress_seq)) => Step::Send {
-                            message: pb::WatchResponse { events: Vec::new(), progress_seq },
-                            last: false,
+            let step = if this.shutdown.as_mut().poll(cx).is_ready() {
+                this.ending.outcome = "server_shutdown";
+                Step::Stop
+            } else if let Poll::Ready(delivery) = this.subscription.poll_next(cx, max_batch) {
+                from_delivery(delivery)
+            } else if this.quiet.as_mut().poll(cx).is_ready() {
+                match this.subscription.bookmark(max_batch) {
+                    Ok(Bookmark::Progress(progress_seq)) => Step::Send {
+                        message: pb::WatchResponse {
+                            events: Vec::new(),
+                            progress_seq,
                         },
-                        Ok(Bookmark::Events(delivery)) => from_delivery(Ok(delivery)),
-                        Ok(Bookmark::NotNow) => Step::Quiet,
-                        Err(lagged) => Step::Fail(CoordError::WatcherLagged(lagged).into()),
-                    }
+                        last: false,
+                    },
+                    Ok(Bookmark::Events(delivery)) => from_delivery(Ok(delivery)),
+                    Ok(Bookmark::NotNow) => Step::Quiet,
+                    Err(lagged) => Step::Fail(CoordError::WatcherLagged(lagged).into()),
                 }
+            } else {
+                return Poll::Pending;
             };
-            self.quiet_until = Instant::now() + self.settings.bookmark_interval;
+            this.quiet
+                .as_mut()
+                .reset(Instant::now() + this.settings.bookmark_interval);
             match step {
                 Step::Send { message, last } => {
                     if last {
-                        self.ending.outcome = "session_terminated";
+                        this.ending.outcome = "session_terminated";
+                        *this.done = true;
                     }
-                    return Some((Ok(message), !last));
+                    return Poll::Ready(Some(Ok(message)));
                 }
+                // Polled again: the reset timer must register its wake-up.
                 Step::Quiet => {}
                 Step::Fail(status) => {
-                    self.ending.span.in_scope(|| {
+                    this.ending.span.in_scope(|| {
                         tracing::info!(code = ?status.code(), message = status.message(), "watch ended");
                     });
-                    self.ending.outcome = LAGGED;
-                    return Some((Err(status), false));
+                    this.ending.outcome = LAGGED;
+                    *this.done = true;
+                    return Poll::Ready(Some(Err(status)));
                 }
                 Step::Stop => {
-                    self.ending.outcome = "ended";
-                    return None;
+                    if this.ending.outcome != "server_shutdown" {
+                        this.ending.outcome = "ended";
+                    }
+                    *this.done = true;
+                    return Poll::Ready(None);
                 }
             }
         }

@@ -20,11 +20,11 @@ use std::{
     sync::{Arc, PoisonError},
 };
 
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 
 use crate::{
     error::CoordError,
-    events::{EventLog, OnDrop, Scope, SharedEvent, Subscription},
+    events::{EventLog, Feed, FeedReceiver, OnDrop, Scope, SharedEvent, Subscription},
     ids::{SessionId, SessionScope},
     machine::Phase,
     nats::entry::{self, Entry},
@@ -84,7 +84,8 @@ pub enum Change {
 #[derive(Default)]
 pub struct MirrorState {
     sessions: BTreeMap<SessionId, Known>,
-    watchers: HashMap<SessionId, broadcast::Sender<SharedEvent>>,
+    /// Feeds of the sessions watched through this replica.
+    watchers: HashMap<SessionId, Arc<Feed>>,
     /// The last stream sequence applied.
     pub(super) stream_seq: u64,
     counts: PhaseCounts,
@@ -196,9 +197,12 @@ impl Mirror {
         if applied.gap {
             tracing::warn!(session_id = %id, stream_seq, "events left the stream before this replica read them; ending open watches");
             self.log.break_watches();
-            state.watchers.clear();
+            for (_, feed) in state.watchers.drain() {
+                feed.close();
+            }
         }
-        self.log.publish(state.watchers.get(&id), &applied.events);
+        self.log
+            .publish(state.watchers.get(&id).map(Arc::as_ref), &applied.events);
         self.log.advance(entry::last_seq_of_write(stream_seq));
         drop(state);
         self.progress.send_replace(stream_seq);
@@ -310,16 +314,13 @@ impl Mirror {
             .collect()
     }
 
-    /// Live events of one session, from now; `OnDrop` releases the channel.
-    pub fn subscribe_session(
-        self: &Arc<Self>,
-        id: &SessionId,
-    ) -> (broadcast::Receiver<SharedEvent>, OnDrop) {
+    /// Live events of one session, from now; `OnDrop` releases its feed.
+    pub fn subscribe_session(self: &Arc<Self>, id: &SessionId) -> (FeedReceiver, OnDrop) {
         let mut state = self.lock();
         let live = state
             .watchers
             .entry(id.clone())
-            .or_insert_with(|| broadcast::channel(self.session_watch_buffer).0)
+            .or_insert_with(|| Feed::new(self.session_watch_buffer))
             .subscribe();
         drop(state);
         let mirror = Arc::clone(self);
@@ -329,7 +330,7 @@ impl Mirror {
             if state
                 .watchers
                 .get(&released)
-                .is_some_and(|tx| tx.receiver_count() == 0)
+                .is_some_and(|feed| feed.receiver_count() == 0)
             {
                 state.watchers.remove(&released);
             }
@@ -342,7 +343,7 @@ impl Mirror {
     pub(crate) fn session_subscription(
         &self,
         backlog: std::collections::VecDeque<SharedEvent>,
-        live: broadcast::Receiver<SharedEvent>,
+        live: FeedReceiver,
         release: OnDrop,
         scope: Scope,
         terminated: bool,

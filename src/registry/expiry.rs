@@ -2,7 +2,7 @@
 //! entries, worked through in batches with the shared expiry decision
 //! (`decision::decide_expiry`), and the task that sleeps until the next one.
 
-use std::{cmp::Reverse, time::Duration};
+use std::{cmp::Reverse, sync::Arc, time::Duration};
 
 use super::{Inner, Registry, Shard};
 use crate::{
@@ -103,7 +103,7 @@ impl Inner {
                     decision,
                     next_check,
                 } => {
-                    let watchers = watchers.get(id.as_str());
+                    let watchers = watchers.get(id.as_str()).map(Arc::as_ref);
                     Self::carry_out(watchers, stats, append, &id, &decision::EXPIRY, &decision);
                     self.file_expiry(expiry, session, &id, next_check);
                 }

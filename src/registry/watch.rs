@@ -1,14 +1,12 @@
 //! Watches on the registry: a session's retained events handed over to its
-//! broadcast channel under the shard lock, and the event log's watch-all.
+//! feed under the shard lock, and the event log's watch-all.
 
 use std::{collections::VecDeque, sync::Arc};
-
-use tokio::sync::broadcast;
 
 use super::{Inner, Registry};
 use crate::{
     error::CoordError,
-    events::{OnDrop, Scope, Subscription},
+    events::{Feed, OnDrop, Scope, Subscription},
     ids::{SessionId, SessionScope},
     machine::Phase,
 };
@@ -51,7 +49,7 @@ impl Registry {
         let live = shard
             .watchers
             .entry(id.clone())
-            .or_insert_with(|| broadcast::channel(capacity).0)
+            .or_insert_with(|| Feed::new(capacity))
             .subscribe();
         drop(shard);
         let inner = Arc::clone(&self.inner);
@@ -87,13 +85,13 @@ impl Registry {
 }
 
 impl Inner {
-    /// Drops a session's watcher channel once its last watcher is gone.
+    /// Drops a session's feed once its last watcher is gone.
     fn release_watcher(&self, index: usize, id: &SessionId) {
         let mut shard = self.lock_shard(index);
         if shard
             .watchers
             .get(id.as_str())
-            .is_some_and(|tx| tx.receiver_count() == 0)
+            .is_some_and(|feed| feed.receiver_count() == 0)
         {
             shard.watchers.remove(id.as_str());
         }

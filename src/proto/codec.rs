@@ -1,0 +1,59 @@
+//! The protobuf codec every generated service and client uses: prost's,
+//! with buffers sized for what respcoord sends.
+//!
+//! tonic's default keeps an 8 KiB encode buffer for the whole life of a
+//! streaming response. A Watch is held open for a whole call and sends a
+//! few events per response (an event with a 36-byte session id encodes to
+//! about 85 bytes with its frame header, a bookmark to about 15), so on a
+//! replica holding a watch per live call that default was the largest part
+//! of what an open watch cost (docs/operations.md, "Memory"). The buffer
+//! grows on demand for the rare large message (a backlog replay, a listing
+//! page) and is given back with the call.
+
+use std::marker::PhantomData;
+
+use prost::Message;
+use tonic::codec::BufferSettings;
+use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+
+/// Initial size of a call's encode and decode buffers: a supersede's two
+/// events, or one reply, without growing.
+pub const BUFFER_SIZE: usize = 256;
+
+/// Past this many encoded bytes a streaming response hands its buffer to
+/// the transport (tonic's default).
+const YIELD_THRESHOLD: usize = 32 * 1024;
+
+fn settings() -> BufferSettings {
+    BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD)
+}
+
+/// prost's codec with [`BUFFER_SIZE`] buffers (named by `build.rs` as the
+/// generated code's codec).
+#[derive(Debug, Clone, Copy)]
+pub struct Codec<T, U>(PhantomData<(T, U)>);
+
+impl<T, U> Default for Codec<T, U> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T, U> tonic::codec::Codec for Codec<T, U>
+where
+    T: Message + Send + 'static,
+    U: Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = ProstEncoder<T>;
+    type Decoder = ProstDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstCodec::<T, U>::raw_encoder(settings())
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        ProstCodec::<T, U>::raw_decoder(settings())
+    }
+}
