@@ -288,7 +288,7 @@ pub struct ServeArgs {
     pub max_concurrent_streams: u32,
 
     /// Watch streams open at once; beyond it Watch is RESOURCE_EXHAUSTED.
-    #[arg(long, env = "RESPCOORD_MAX_WATCHERS", default_value_t = 10_000,
+    #[arg(long, env = "RESPCOORD_MAX_WATCHERS", default_value_t = 150_000,
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub max_watchers: u64,
 

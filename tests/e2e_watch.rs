@@ -543,3 +543,126 @@ async fn a_slow_reader_beside_fast_superseding_writers_gets_each_revision_once()
     );
     server.stop().await;
 }
+
+/// Issue 33: a replica holds a session watch per live call. Thousands open
+/// at once (over the connections a gateway fleet would use) each get their
+/// own session's events, in order, none of another's; and beside them a
+/// watcher that stops reading is still ended with RESOURCE_EXHAUSTED after
+/// a gap-free prefix once it trails by more than --session-watch-buffer,
+/// while the others and every call carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_session_watches_each_get_their_own_events_and_a_stalled_one_is_ended() {
+    const WATCHES: usize = 3_000;
+    // Streams per connection stay under --max-concurrent-streams (1024).
+    const CONNECTIONS: usize = 4;
+    let server = TestServer::with(
+        RegistryConfig {
+            session_watch_buffer: 16,
+            ..Default::default()
+        },
+        WatchSettings::default(),
+    )
+    .await;
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        clients.push(server.client().await);
+    }
+    let session = |i: usize| format!("many-{i}");
+    let mut watches = Vec::with_capacity(WATCHES);
+    for i in 0..WATCHES {
+        watches.push(watch_session(&mut clients[i % CONNECTIONS], &session(i), None).await);
+    }
+    // The stalled watcher has a connection of its own: a stream nobody reads
+    // fills its connection's flow-control window, not the others'. Its
+    // stream window is HTTP/2's initial 64 KiB rather than hyper's 2 MiB, so
+    // the server's sends back up within a few thousand events. (The
+    // connection window stays large: h2 0.4.20 lets a connection buffer
+    // unread small DATA frames worth half of it, then sends GOAWAY
+    // "too_many_data_frames"; with both windows at 64 KiB that cut the whole
+    // connection after about 200 unread events.)
+    let stalled_channel = tonic::transport::Endpoint::from_shared(server.endpoint())
+        .expect("endpoint")
+        .initial_stream_window_size(65_535)
+        .connect()
+        .await
+        .expect("connect");
+    let mut stalled = watch_session(&mut Client::new(stalled_channel), "stalled", None).await;
+
+    // Each session: Start, then a VAD Start superseding it, then Finish:
+    // five events, revisions 1..=5. Written by 32 concurrent lanes.
+    const LANES: usize = 32;
+    let mut lanes = Vec::new();
+    for lane in 0..LANES {
+        let mut c = clients[lane % CONNECTIONS].clone();
+        lanes.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in (lane..WATCHES).step_by(LANES) {
+                let (old, new) = superseded_pair(&mut c, &session(i)).await;
+                assert!(finish(&mut c, &session(i), new, T::Completed).await.applied);
+                ids.push((i, old, new));
+            }
+            ids
+        }));
+    }
+    let mut ids = vec![(0, 0); WATCHES];
+    for lane in lanes {
+        for (i, old, new) in lane.await.expect("lane") {
+            ids[i] = (old, new);
+        }
+    }
+    // The stalled session churns far past its watcher's bound and past what
+    // the HTTP/2 window and hyper's send buffer (400 KiB) hold for it, while
+    // nobody reads it: each superseding Start is three events of ~100 bytes.
+    let mut c = clients[0].clone();
+    for _ in 0..2_500 {
+        start(&mut c, "stalled").await;
+    }
+
+    for (i, watch) in watches.iter_mut().enumerate() {
+        let events = next_events(watch, 5).await;
+        assert!(
+            events.iter().all(|e| e.session_id == session(i)),
+            "{events:?}"
+        );
+        assert_eq!(revisions(&events), [1, 2, 3, 4, 5], "session {i}");
+        let (old, new) = ids[i];
+        let got = evs(&events);
+        assert_eq!(
+            got[..4],
+            [
+                Ev::Started(old, Source::Client),
+                Ev::CancelRequested(old, pb::CancelReason::Superseded),
+                Ev::Ended(old, T::Cancelled, pb::CancelReason::Superseded),
+                Ev::Started(new, Source::Vad),
+            ],
+            "session {i}: {events:?}"
+        );
+        assert!(
+            matches!(got[4], Ev::Ended(id, T::Completed, _) if id == new),
+            "session {i}: {events:?}"
+        );
+    }
+    // Bounded: a watch that never lags would otherwise be kept open by
+    // its bookmarks.
+    let (delivered, end) = tokio::time::timeout(Duration::from_secs(120), drain(&mut stalled))
+        .await
+        .expect("the stalled watcher is ended");
+    let status = end.expect_err("the stalled watcher is ended, not finished");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("fell behind"), "{status:?}");
+    assert!(
+        delivered.len() < 3_000,
+        "it did fall behind: {}",
+        delivered.len()
+    );
+    assert!(
+        revisions(&delivered)
+            .iter()
+            .enumerate()
+            .all(|(i, &r)| r == i as u64 + 1),
+        "a gap-free prefix from revision 1"
+    );
+    // Ended watches are released; the others still count.
+    drop(watches);
+    server.stop().await;
+}

@@ -105,6 +105,8 @@ impl Feed {
             return;
         }
         let unread = state.receivers;
+        // A session's feed usually holds one transition's events at a time.
+        state.pending.reserve_exact(events.len());
         for event in events {
             if state.pending.len() == state.bound {
                 // The oldest goes; whoever had not read it has lagged.
@@ -184,7 +186,12 @@ impl FeedReceiver {
                 let id = self.id;
                 match state.waiting.iter_mut().find(|(waiting, _)| *waiting == id) {
                     Some((_, waker)) => waker.clone_from(cx.waker()),
-                    None => state.waiting.push((id, cx.waker().clone())),
+                    None => {
+                        // Most feeds have one watcher: room for one, not
+                        // the four a first push reserves.
+                        state.waiting.reserve_exact(1);
+                        state.waiting.push((id, cx.waker().clone()));
+                    }
                 }
                 Poll::Pending
             }

@@ -43,7 +43,7 @@ impl Default for WatchSettings {
         Self {
             bookmark_interval: Duration::from_secs(10),
             max_batch: 256,
-            max_watchers: 10_000,
+            max_watchers: 150_000,
         }
     }
 }

@@ -75,7 +75,12 @@ pub fn cpu_by_role() -> (Duration, Duration) {
 
 /// Resident set size of this process, bytes (VmRSS).
 pub fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    rss_of("self").unwrap_or(0)
+}
+
+/// Resident set size of process `pid` ("self" for this one), bytes.
+pub fn rss_of(pid: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|status| {
             status.lines().find_map(|line| {
@@ -83,7 +88,7 @@ pub fn rss_bytes() -> u64 {
                 kb.trim().parse::<u64>().ok()
             })
         })
-        .map_or(0, |kb| kb * 1024)
+        .map(|kb| kb * 1024)
 }
 
 /// CPU time (user + system) of the whole process so far, from

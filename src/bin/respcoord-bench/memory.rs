@@ -94,7 +94,7 @@ pub fn memory(args: MemoryArgs) -> ExitCode {
 
     let mut idle_line = None;
     if !args.idle.is_zero() {
-        let running = start_respcoord(&runtime, registry.clone());
+        let running = start_respcoord(&runtime, registry.clone(), 0);
         // Let the server and the expirer settle before measuring.
         std::thread::sleep(Duration::from_secs(1));
         let cpu0 = process_cpu();

@@ -118,12 +118,17 @@ pub fn start_empty(runtime: &Runtime) -> Running {
     }
 }
 
-pub fn start_respcoord(runtime: &Runtime, registry: Registry) -> Running {
+/// respcoord on its default configuration, but for `max_watchers` when a
+/// run opens more watches than the default admits.
+pub fn start_respcoord(runtime: &Runtime, registry: Registry, max_watchers: usize) -> Running {
     let (listener, addr) = bind(runtime);
     let stop = CancellationToken::new();
     let config = ServerConfig {
         registry: *registry.config(),
-        watch: WatchSettings::default(),
+        watch: WatchSettings {
+            max_watchers: max_watchers.max(WatchSettings::default().max_watchers),
+            ..WatchSettings::default()
+        },
         shutdown_grace: Duration::from_secs(2),
         ..ServerConfig::default()
     };

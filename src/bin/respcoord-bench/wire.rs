@@ -92,6 +92,11 @@ pub struct WireArgs {
     /// Connections the watch streams share (at most 100 streams each by default).
     #[arg(long)]
     watch_connections: Option<usize>,
+    /// The --endpoint server's process id, for the watch workload's memory
+    /// report (its RSS before and after the watches open). An in-process
+    /// server is measured as this whole process, load generator included.
+    #[arg(long)]
+    server_pid: Option<u32>,
     /// Log filter of the in-process respcoord, installed as `respcoord serve`
     /// installs it (its RPC spans are INFO: the default `info` pays for
     /// them, as production does; `off` measures without).
@@ -289,6 +294,8 @@ pub fn wire(args: WireArgs) -> ExitCode {
                     (Target::Respcoord, None) => Some(start_respcoord(
                         &server_runtime,
                         Registry::new(RegistryConfig::default()),
+                        // Room for every watch the run opens.
+                        args.session_watchers + 1,
                     )),
                     _ => None,
                 };

@@ -16,7 +16,7 @@ use tonic::{
 
 use super::{WireArgs, Workload};
 use crate::{
-    measure::{cpu_by_role, unix_nanos},
+    measure::{cpu_by_role, rss_of, unix_nanos},
     Client,
 };
 
@@ -68,6 +68,19 @@ pub struct Delivery {
     pub ended_ok: u64,
     pub opened: u64,
     pub first_end: Option<String>,
+    /// What opening the watches cost in memory, where it could be read.
+    pub memory: Option<WatchMemory>,
+}
+
+/// RSS of the measured process before the watches opened and once they
+/// all were open (before the load), and how many there were.
+#[derive(Debug, Clone, Copy)]
+pub struct WatchMemory {
+    pub watches: u64,
+    pub before: u64,
+    pub after: u64,
+    /// False: an in-process server, measured with the load generator.
+    pub server_only: bool,
 }
 
 impl Delivery {
@@ -80,6 +93,9 @@ impl Delivery {
         self.ended_other += other.ended_other;
         self.ended_ok += other.ended_ok;
         self.opened += other.opened;
+        if self.memory.is_none() {
+            self.memory = other.memory;
+        }
         if self.first_end.is_none() {
             self.first_end = other.first_end;
         }
@@ -107,7 +123,14 @@ pub async fn run(url: String, plan: Arc<Plan>, args: WireArgs) -> Result<RunResu
 
     // Watches first, so every event of the measured window has its watchers.
     let mut streams = Vec::new();
+    let mut memory = None;
     if plan.workload == Workload::Watch {
+        let measured = match (&args.endpoint, args.server_pid) {
+            (None, _) => Some(("self".to_owned(), false)),
+            (Some(_), Some(pid)) => Some((pid.to_string(), true)),
+            (Some(_), None) => None,
+        };
+        let before = measured.as_ref().and_then(|(pid, _)| rss_of(pid));
         let watchers = args.session_watchers;
         let connections = args
             .watch_connections
@@ -137,6 +160,16 @@ pub async fn run(url: String, plan: Arc<Plan>, args: WireArgs) -> Result<RunResu
                 .map_err(|s| format!("open watch: {s}"))?
                 .into_inner();
             streams.push((stream, watch_all));
+        }
+        // Settled: every open answered, nothing else running yet.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if let (Some((pid, server_only)), Some(before)) = (&measured, before) {
+            memory = rss_of(pid).map(|after| WatchMemory {
+                watches: streams.len() as u64,
+                before,
+                after,
+                server_only: *server_only,
+            });
         }
     }
 
@@ -203,7 +236,10 @@ pub async fn run(url: String, plan: Arc<Plan>, args: WireArgs) -> Result<RunResu
         // Let in-flight deliveries land, then close the streams.
         tokio::time::sleep(Duration::from_millis(500)).await;
         stop_watches.cancel();
-        let mut delivery = Delivery::default();
+        let mut delivery = Delivery {
+            memory,
+            ..Delivery::default()
+        };
         for task in watch_tasks {
             delivery.merge(task.await.map_err(|e| e.to_string())?);
         }

@@ -93,6 +93,23 @@ pub fn print_delivery(indent: &str, delivery: &mut Delivery) {
         line(&mut delivery.all_latencies),
         delivery.all_events
     );
+    if let Some(memory) = delivery.memory {
+        let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+        let per_watch =
+            memory.after.saturating_sub(memory.before) as f64 / memory.watches.max(1) as f64;
+        println!(
+            "{indent}  memory, {}: RSS {:.1} MiB before the watches, {:.1} MiB with {} open: {:.0} bytes per open watch",
+            if memory.server_only {
+                "server process"
+            } else {
+                "this process (in-process server and load generator)"
+            },
+            mib(memory.before),
+            mib(memory.after),
+            memory.watches,
+            per_watch,
+        );
+    }
     println!(
         "{indent}  streams opened {}, ended for lag (RESOURCE_EXHAUSTED) {}, ended otherwise {} (+{} OK){}",
         delivery.opened,
