@@ -16,20 +16,20 @@ use prost::Message;
 use tonic::codec::BufferSettings;
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
-/// Initial size of a call's encode and decode buffers: a supersede's two
-/// events, or one reply, without growing.
+/// Initial size of a call's encode buffer: a supersede's three events, or
+/// one reply, without growing.
 pub const BUFFER_SIZE: usize = 256;
 
 /// Past this many encoded bytes a streaming response hands its buffer to
 /// the transport (tonic's default).
 const YIELD_THRESHOLD: usize = 32 * 1024;
 
-fn settings() -> BufferSettings {
+fn encode_settings() -> BufferSettings {
     BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD)
 }
 
-/// prost's codec with [`BUFFER_SIZE`] buffers (named by `build.rs` as the
-/// generated code's codec).
+/// prost's codec with a [`BUFFER_SIZE`] encode buffer (named by `build.rs`
+/// as the generated code's codec).
 #[derive(Debug, Clone, Copy)]
 pub struct Codec<T, U>(PhantomData<(T, U)>);
 
@@ -50,10 +50,13 @@ where
     type Decoder = ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstCodec::<T, U>::raw_encoder(settings())
+        ProstCodec::<T, U>::raw_encoder(encode_settings())
     }
 
+    /// tonic's default: a call's request is decoded once and dropped, and a
+    /// client reading a busy watch-all decodes large batches, which a small
+    /// buffer would grow and regrow for.
     fn decoder(&mut self) -> Self::Decoder {
-        ProstCodec::<T, U>::raw_decoder(settings())
+        ProstCodec::<T, U>::raw_decoder(BufferSettings::default())
     }
 }
