@@ -445,6 +445,20 @@ async fn session_limit_is_resource_exhausted() {
     let mut c = server.client().await;
     start(&mut c, "a").await;
     shutdown(&mut c, "b").await; // tombstones count
+                                 // On NATS the limit is checked against this replica's mirror, which may
+                                 // trail the bucket (docs/cluster.md: approximate by the mirror's lag);
+                                 // a listing waits until it has caught up with every acknowledged write,
+                                 // so the count below is exact on both backends. A three-node cluster
+                                 // showed the lag: "c" was created while the mirror held only "a".
+    let listed = c
+        .list_sessions(pb::ListSessionsRequest {
+            page_size: 10,
+            page_token: String::new(),
+        })
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(listed.sessions.len(), 2);
     let status = assert_code(
         c.start(start_req("c", Source::Client, "")).await,
         Code::ResourceExhausted,
