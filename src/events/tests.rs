@@ -168,10 +168,11 @@ fn setup() -> impl Strategy<Value = Setup> {
         })
 }
 
-fn case() -> ProptestConfig {
+/// The proptest settings of the event log's tests (`feed` uses them too).
+pub(super) fn case() -> ProptestConfig {
     ProptestConfig {
         cases: 512,
-        // A failing case is saved beside this file and retried first.
+        // A failing case is saved beside the test file and retried first.
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
             "proptest-regressions",
         ))),

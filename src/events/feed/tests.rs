@@ -5,10 +5,11 @@
 
 use std::task::{Context, Poll, Waker};
 
-use proptest::{prelude::*, test_runner::FileFailurePersistence};
+use proptest::prelude::*;
 use tokio::sync::broadcast;
 
 use super::*;
+use crate::events::tests::case;
 use crate::{
     event::LifecycleEvent,
     ids::{ResponseId, SessionId},
@@ -53,16 +54,6 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0usize..6).prop_map(Op::Read),
         1 => (0usize..6).prop_map(Op::Drop),
     ]
-}
-
-fn case() -> ProptestConfig {
-    ProptestConfig {
-        cases: 512,
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
-            "proptest-regressions",
-        ))),
-        ..ProptestConfig::default()
-    }
 }
 
 proptest! {
