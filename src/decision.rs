@@ -55,6 +55,22 @@ pub enum Reply {
     },
 }
 
+impl Reply {
+    /// The response the reply names (started, or cancelled by a Cancel or
+    /// teardown) and the one a Start superseded.
+    pub fn responses(&self) -> (Option<ResponseId>, Option<ResponseId>) {
+        match *self {
+            Reply::Started {
+                response,
+                superseded,
+                ..
+            } => (Some(response), superseded),
+            Reply::Cancelled { cancelled } | Reply::TornDown { cancelled } => (cancelled, None),
+            Reply::StartRefused | Reply::Finished { .. } => (None, None),
+        }
+    }
+}
+
 /// A decided call: its answer and what the backend must do about it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
@@ -146,10 +162,13 @@ fn trace(id: &SessionId, call: &Call, decision: &Decision) {
     if decision.change.is_empty() {
         return;
     }
+    let (response, superseded) = decision.reply.responses();
+    // Names and ids as text, not Rust's `Debug` of the types.
     tracing::debug!(
         session_id = %id,
-        ?call,
-        reply = ?decision.reply,
+        call = call.name(),
+        response_id = response.map(tracing::field::display),
+        superseded_response_id = superseded.map(tracing::field::display),
         revision = decision.state.revision,
         events = decision.change.kinds.len(),
         "transition"

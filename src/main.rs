@@ -111,7 +111,8 @@ fn main() -> ExitCode {
         tracing::info!(
             backend = coordinator.backend_name(),
             listen = %args.listen,
-            metrics_listen = ?args.metrics_listen,
+            // Absent, not "None", when there is no metrics port.
+            metrics_listen = args.metrics_listen.map(tracing::field::display),
             tls = tls.is_some(),
             mutual_tls = tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
             auth_tokens = args.auth_tokens.as_ref().map_or(0, |t| t.len()),

@@ -457,7 +457,10 @@ pub async fn serve_port(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
-    tracing::debug!(?addr, "metrics port serving /metrics, /healthz, /readyz");
+    tracing::debug!(
+        addr = addr.map(tracing::field::display),
+        "metrics port serving /metrics, /healthz, /readyz"
+    );
     axum::serve(listener, router(metrics, readiness))
         .with_graceful_shutdown(stop)
         .await

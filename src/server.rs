@@ -258,7 +258,7 @@ pub async fn serve_coordinator(
             match tokio::time::timeout(config.shutdown_grace, &mut server).await {
                 Ok(result) => result.map_err(Into::into),
                 Err(_) => {
-                    tracing::warn!(grace = ?config.shutdown_grace, "in-flight calls outlived the shutdown grace period");
+                    tracing::warn!(grace = %humantime::format_duration(config.shutdown_grace), "in-flight calls outlived the shutdown grace period");
                     Ok(())
                 }
             }

@@ -60,6 +60,21 @@ impl Call {
         )
     }
 
+    /// The call as logs name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Call::Start { .. } => "start",
+            Call::Finish { .. } => "finish",
+            Call::Cancel { .. } => "cancel",
+            Call::Teardown {
+                reason: TeardownReason::Shutdown,
+            } => "shutdown",
+            Call::Teardown {
+                reason: TeardownReason::Expired,
+            } => "expire",
+        }
+    }
+
     /// A Start's idempotency key, if it carries one.
     pub fn request_id(&self) -> Option<&RequestId> {
         match self {

@@ -134,8 +134,12 @@ pub fn init(
     let filter = EnvFilter::try_new(filter)?;
     let logs = fmt::layer().with_writer(std::io::stderr);
     let logs = match format {
-        LogFormat::Human => logs.boxed(),
-        LogFormat::Json => logs.json().flatten_event(true).boxed(),
+        // Colour for a terminal only: escape codes in a file or a pipe make
+        // lines that grep and log shippers cannot match.
+        LogFormat::Human => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .boxed(),
+        LogFormat::Json => logs.json().flatten_event(true).with_ansi(false).boxed(),
     };
     let tracer_provider = if signals.traces {
         let exporter = opentelemetry_otlp::SpanExporter::builder()

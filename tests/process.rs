@@ -704,3 +704,76 @@ async fn two_binaries_on_one_nats_bucket_serve_the_same_sessions() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("cannot connect to NATS"), "{stderr}");
 }
+
+/// Issue 27: logs an operator can search. In JSON, a response id is a
+/// string (a 64-bit id as a JSON number reads back wrong in JavaScript and
+/// most log stores); no field carries Rust's `Debug` text (`None`,
+/// `Some(..)`, `Start { .. }`); and a log written to a file, not a
+/// terminal, holds no colour escapes in either format.
+#[tokio::test]
+async fn logs_in_a_file_have_ids_as_text_no_debug_formatting_and_no_colour() {
+    for format in ["json", "human"] {
+        let log = scratch(&format!("searchable-{format}"), "");
+        let mut process = spawn_respcoord_with(
+            &[],
+            &[
+                ("RESPCOORD_LOG_FORMAT", format),
+                // The RPC spans and every transition's debug event.
+                ("RESPCOORD_LOG", "debug"),
+            ],
+            Stdio::from(std::fs::File::create(&log).unwrap()),
+        );
+        let mut c = client_for(&process).await;
+        let first = start(&mut c, "searchable").await.response_id;
+        let second = c
+            .start(start_req("searchable", pb::Source::Vad, "r-1"))
+            .await
+            .expect("superseding start")
+            .into_inner()
+            .response_id;
+        assert!(
+            finish(&mut c, "searchable", second, pb::TerminalStatus::Completed)
+                .await
+                .applied
+        );
+        sigterm(&process);
+        let status = tokio::task::spawn_blocking(move || wait_exit(&mut process))
+            .await
+            .unwrap();
+        assert_eq!(status.code(), Some(0));
+        let logged = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            !logged.contains('\u{1b}'),
+            "{format}: colour escapes in a file: {logged}"
+        );
+        for debug_text in ["None", "Some(", "Start {", "Started {", "Unspecified"] {
+            assert!(
+                !logged.contains(debug_text),
+                "{format}: Debug text {debug_text:?} in the logs: {logged}"
+            );
+        }
+        if format == "json" {
+            let lines: Vec<serde_json::Value> = logged
+                .lines()
+                .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+                .collect();
+            let ids: Vec<&serde_json::Value> = lines
+                .iter()
+                .flat_map(|line| {
+                    let span = line.get("span").and_then(|s| s.get("response_id"));
+                    [line.get("response_id"), span].into_iter().flatten()
+                })
+                .collect();
+            for id in [first, second] {
+                assert!(
+                    ids.contains(&&serde_json::Value::String(id.to_string())),
+                    "response {id} logged as text: {ids:?}"
+                );
+            }
+            assert!(
+                ids.iter().all(|id| id.is_string()),
+                "every response_id is a string: {ids:?}"
+            );
+        }
+    }
+}

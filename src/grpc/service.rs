@@ -68,7 +68,9 @@ fn record(outcome: &'static str, response_id: u64) {
     let span = Span::current();
     span.record("outcome", outcome);
     if response_id != 0 {
-        span.record("response_id", response_id);
+        // As text: ids are 64-bit, past what a JSON number keeps exactly in
+        // JavaScript and most log stores, where searching by id must work.
+        span.record("response_id", response_id.to_string().as_str());
     }
 }
 

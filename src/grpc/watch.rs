@@ -196,7 +196,11 @@ impl Stream for Watch {
                 Step::Quiet => {}
                 Step::Fail(status) => {
                     this.ending.span.in_scope(|| {
-                        tracing::info!(code = ?status.code(), message = status.message(), "watch ended");
+                        tracing::info!(
+                            code = status.code() as i32,
+                            message = status.message(),
+                            "watch ended"
+                        );
                     });
                     this.ending.outcome = LAGGED;
                     *this.done = true;

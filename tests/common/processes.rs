@@ -141,6 +141,12 @@ pub fn spawn_respcoord_with(
 /// `respcoord serve` with `envs` on a free port, and a client connected to it.
 pub async fn spawn_respcoord(envs: &[(&str, &str)]) -> (RespcoordProcess, Client) {
     let process = spawn_respcoord_with(&[], envs, Stdio::null());
+    let client = client_for(&process).await;
+    (process, client)
+}
+
+/// A client of `process`, once it listens.
+pub async fn client_for(process: &RespcoordProcess) -> Client {
     let deadline = Instant::now() + PATIENCE;
     loop {
         match pb::response_coordinator_client::ResponseCoordinatorClient::connect(
@@ -148,7 +154,7 @@ pub async fn spawn_respcoord(envs: &[(&str, &str)]) -> (RespcoordProcess, Client
         )
         .await
         {
-            Ok(client) => return (process, client),
+            Ok(client) => return client,
             Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await
             }
