@@ -57,6 +57,20 @@ fn bucket_name(raw: &str) -> Result<String, String> {
     }
 }
 
+/// `HOST:PORT` to listen on: an address (`0.0.0.0:50051`, `[::]:50051`) or
+/// a name that resolves to one (`localhost:50051`, as the examples connect);
+/// a name is resolved once, at startup, to its first address.
+fn listen_address(raw: &str) -> Result<SocketAddr, String> {
+    if let Ok(address) = raw.parse() {
+        return Ok(address);
+    }
+    let mut resolved = std::net::ToSocketAddrs::to_socket_addrs(raw)
+        .map_err(|e| format!("expected HOST:PORT (0.0.0.0:50051, localhost:50051): {e}"))?;
+    resolved
+        .next()
+        .ok_or_else(|| format!("{raw} resolves to no address"))
+}
+
 /// Parses `30s`, `5m`, `1h`, `1h30m`; zero is refused.
 fn positive_duration(raw: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(raw).map_err(|e| e.to_string())?;
@@ -83,7 +97,8 @@ fn private_key_file(raw: &str) -> Result<Pem, String> {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Address to serve gRPC on.
-    #[arg(long, env = "RESPCOORD_LISTEN", default_value = "0.0.0.0:50051")]
+    #[arg(long, env = "RESPCOORD_LISTEN", default_value = "0.0.0.0:50051",
+          value_parser = listen_address)]
     pub listen: SocketAddr,
 
     /// Where sessions live: `memory` (this process is the one authority: run
@@ -257,7 +272,7 @@ pub struct ServeArgs {
 
     /// Address of the metrics port: Prometheus `/metrics`, `/healthz`, `/readyz`
     /// over plain HTTP (unset: no metrics port).
-    #[arg(long, env = "RESPCOORD_METRICS_LISTEN")]
+    #[arg(long, env = "RESPCOORD_METRICS_LISTEN", value_parser = listen_address)]
     pub metrics_listen: Option<SocketAddr>,
 
     /// Longest a call may run; a shorter `grpc-timeout` from the caller wins.
@@ -421,6 +436,23 @@ mod tests {
         assert_eq!(args.tombstone_ttl, Duration::from_secs(600));
         assert_eq!(args.max_sessions, 1_000_000);
         assert_eq!(args.bookmark_interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn listen_takes_an_address_or_a_name_and_names_the_flag_otherwise() {
+        let parse = |listen: &str| {
+            Cli::try_parse_from(["respcoord", "serve", "--listen", listen]).map(|cli| {
+                let Command::Serve(args) = cli.command;
+                args.listen
+            })
+        };
+        assert_eq!(parse("[::1]:7000").unwrap(), "[::1]:7000".parse().unwrap());
+        let named = parse("localhost:7001").unwrap();
+        assert!(named.ip().is_loopback() && named.port() == 7001, "{named}");
+        for bad in ["localhost", "nope:port", ":"] {
+            let error = parse(bad).unwrap_err().to_string();
+            assert!(error.contains("--listen"), "{bad}: {error}");
+        }
     }
 
     #[test]
