@@ -372,3 +372,23 @@ async def test_bad_connection_settings_are_refused_naming_the_option() -> None:
             "127.0.0.1:1", tls=respcoord.TlsOptions(ca="/nonexistent/ca.pem"), lazy=True
         )
     assert tls.value.field == "tls.ca"
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["http//nope", "nope", "localhost:port", "http://localhost:1/v1", "[::1", "u:p@host:1"],
+)
+async def test_a_malformed_target_is_a_config_error_at_once_not_a_timeout(target: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(respcoord.ConfigError) as error:
+        await respcoord.Client.connect(target, connect_timeout=5.0)
+    assert error.value.field == "target"
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize(
+    "target", ["localhost:50051", "http://127.0.0.1:1", "https://example.com:443", "[::1]:7"]
+)
+async def test_host_port_targets_are_accepted(target: str) -> None:
+    client = await respcoord.Client.connect(target, lazy=True)
+    await client.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,12 +150,29 @@ def _parse_target(target: object, tls: TlsOptions | None) -> _Target:
     if raw.startswith("http://"):
         if tls is not None:
             raise ConfigError("target", f"{raw} is plaintext but TLS options are set; use https://")
-        return _Target(raw.removeprefix("http://"), tls=False)
+        return _Target(_host_port(raw, raw.removeprefix("http://")), tls=False)
     if raw.startswith("https://"):
-        return _Target(raw.removeprefix("https://"), tls=True)
+        return _Target(_host_port(raw, raw.removeprefix("https://")), tls=True)
     if "://" in raw:
         raise ConfigError("target", f"{raw}: the scheme must be http or https")
-    return _Target(raw, tls=tls is not None)
+    return _Target(_host_port(raw, raw), tls=tls is not None)
+
+
+def _host_port(raw: str, address: str) -> str:
+    """``address`` if it is ``host:port`` (a name, an IPv4 address or a
+    bracketed IPv6 one, and a port): anything else (``http//host``, a path, no
+    port) is a configuration error now, not a connect timeout later."""
+    expected = "expected host:port, http://host:port or https://host:port"
+    try:
+        parts = urllib.parse.urlsplit(f"//{address}")
+        port = parts.port
+    except ValueError as error:
+        raise ConfigError("target", f"{raw}: {expected} ({error})") from None
+    if not parts.hostname or port is None or parts.path or parts.query or parts.fragment:
+        raise ConfigError("target", f"{raw}: {expected}")
+    if parts.username is not None:
+        raise ConfigError("target", f"{raw}: credentials go in token=, not in the target")
+    return address
 
 
 def _auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
