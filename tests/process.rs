@@ -340,6 +340,16 @@ fn self_signed() -> (String, String) {
     (cert.pem(), key.serialize_pem())
 }
 
+/// SIGTERMs `process`, expects exit status 0, and returns the log it wrote.
+async fn stop_and_read(mut process: RespcoordProcess, log: &std::path::Path) -> String {
+    sigterm(&process);
+    let status = tokio::task::spawn_blocking(move || wait_exit(&mut process))
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    std::fs::read_to_string(log).unwrap()
+}
+
 #[tokio::test]
 async fn tokens_and_private_keys_never_reach_the_logs() {
     const TOKEN: &str = "very-secret-token-4f1d2a9c";
@@ -348,7 +358,7 @@ async fn tokens_and_private_keys_never_reach_the_logs() {
     let cert_file = scratch("log-cert.pem", &cert);
     let key_file = scratch("log-key.pem", &key);
     let log = scratch("log-stderr", "");
-    let mut process = spawn_respcoord_with(
+    let process = spawn_respcoord_with(
         &[
             "--auth-tokens",
             tokens.to_str().unwrap(),
@@ -385,12 +395,7 @@ async fn tokens_and_private_keys_never_reach_the_logs() {
             .insert("authorization", format!("Bearer {token}").parse().unwrap());
         let _ = c.start(request).await;
     }
-    sigterm(&process);
-    let status = tokio::task::spawn_blocking(move || wait_exit(&mut process))
-        .await
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
-    let logged = std::fs::read_to_string(&log).unwrap();
+    let logged = stop_and_read(process, &log).await;
     assert!(
         logged.contains("respcoord.v1.ResponseCoordinator/Start"),
         "the calls were logged: {logged}"
@@ -714,7 +719,7 @@ async fn two_binaries_on_one_nats_bucket_serve_the_same_sessions() {
 async fn logs_in_a_file_have_ids_as_text_no_debug_formatting_and_no_colour() {
     for format in ["json", "human"] {
         let log = scratch(&format!("searchable-{format}"), "");
-        let mut process = spawn_respcoord_with(
+        let process = spawn_respcoord_with(
             &[],
             &[
                 ("RESPCOORD_LOG_FORMAT", format),
@@ -736,12 +741,7 @@ async fn logs_in_a_file_have_ids_as_text_no_debug_formatting_and_no_colour() {
                 .await
                 .applied
         );
-        sigterm(&process);
-        let status = tokio::task::spawn_blocking(move || wait_exit(&mut process))
-            .await
-            .unwrap();
-        assert_eq!(status.code(), Some(0));
-        let logged = std::fs::read_to_string(&log).unwrap();
+        let logged = stop_and_read(process, &log).await;
         assert!(
             !logged.contains('\u{1b}'),
             "{format}: colour escapes in a file: {logged}"
