@@ -105,8 +105,12 @@ impl Feed {
             return;
         }
         let unread = state.receivers;
-        // A session's feed usually holds one transition's events at a time.
-        state.pending.reserve_exact(events.len());
+        if state.pending.capacity() == 0 {
+            // A session's feed usually holds one transition's events at a
+            // time; past that, growth doubles (exact growth on every send
+            // would copy a lagging watch-all's queue each time).
+            state.pending.reserve_exact(events.len());
+        }
         for event in events {
             if state.pending.len() == state.bound {
                 // The oldest goes; whoever had not read it has lagged.
@@ -187,9 +191,11 @@ impl FeedReceiver {
                 match state.waiting.iter_mut().find(|(waiting, _)| *waiting == id) {
                     Some((_, waker)) => waker.clone_from(cx.waker()),
                     None => {
-                        // Most feeds have one watcher: room for one, not
-                        // the four a first push reserves.
-                        state.waiting.reserve_exact(1);
+                        if state.waiting.capacity() == 0 {
+                            // Most feeds have one watcher: room for one, not
+                            // the four a first push reserves.
+                            state.waiting.reserve_exact(1);
+                        }
                         state.waiting.push((id, cx.waker().clone()));
                     }
                 }

@@ -160,10 +160,12 @@ impl Stream for Watch {
         }
         let max_batch = this.settings.max_batch;
         loop {
-            let step = if this.shutdown.as_mut().poll(cx).is_ready() {
+            if this.shutdown.as_mut().poll(cx).is_ready() {
                 this.ending.outcome = "server_shutdown";
-                Step::Stop
-            } else if let Poll::Ready(delivery) = this.subscription.poll_next(cx, max_batch) {
+                *this.done = true;
+                return Poll::Ready(None);
+            }
+            let step = if let Poll::Ready(delivery) = this.subscription.poll_next(cx, max_batch) {
                 from_delivery(delivery)
             } else if this.quiet.as_mut().poll(cx).is_ready() {
                 match this.subscription.bookmark(max_batch) {
@@ -207,9 +209,7 @@ impl Stream for Watch {
                     return Poll::Ready(Some(Err(status)));
                 }
                 Step::Stop => {
-                    if this.ending.outcome != "server_shutdown" {
-                        this.ending.outcome = "ended";
-                    }
+                    this.ending.outcome = "ended";
                     *this.done = true;
                     return Poll::Ready(None);
                 }
