@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Validates everything under deploy/ without a cluster or a Docker engine:
 #
-#   1. hadolint lints deploy/Dockerfile;
+#   1. hadolint lints deploy/Dockerfile; deploy/check_image.py checks that
+#      it builds and ships both respcoord and respcoordctl, and that the
+#      context its .dockerignore leaves holds a workspace cargo can load;
 #   2. `kubectl kustomize` renders the base, both overlays, the example
 #      compositions with the optional components (TLS, auth tokens, NATS
 #      creds and TLS), and the NATS cluster (deploy/kubernetes/nats-cluster);
@@ -64,9 +66,11 @@ if [ "$(cat "$venv/.stamp" 2>/dev/null)" != "$stamp" ]; then
 fi
 bin="$venv/bin"
 
-# 1. The Dockerfile.
+# 1. The Dockerfile: lint, then what the image ships (the server and
+#    respcoordctl) and a build context cargo can load (deploy/check_image.py).
 "$bin/hadolint" deploy/Dockerfile
 echo "ok   deploy/Dockerfile: hadolint $("$bin/hadolint" --version | awk '{print $NF}'), no findings"
+"$bin/python" deploy/check_image.py "$work/image"
 
 # 2. Render every kustomization.
 renders=()

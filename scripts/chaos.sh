@@ -27,5 +27,5 @@ RESPCOORD_TEST_CLUSTER_NATS_SERVER=$(./scripts/nats-server.sh "${RESPCOORD_CHAOS
 export RESPCOORD_TEST_CLUSTER_NATS_SERVER
 echo "chaos: $minutes minutes, seed $seed" >&2
 RESPCOORD_CHAOS_MINUTES=$minutes RESPCOORD_CHAOS_SEED=$seed \
-  cargo test --locked --features client,fault-injection --test faults -- \
+  cargo test --locked --features fault-injection --test faults -- \
   --ignored --exact chaos_soak --nocapture

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The test command (README, and CI through .ci/run): every test of the crate.
+# The test command (README, and CI through .ci/run): every test of the
+# workspace (the server, the wire contract crate, the Rust client and
+# respcoordctl), then the other clients and the deploy checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # NATS: every release line respcoord supports is pinned and installed from
@@ -22,10 +24,10 @@ RESPCOORD_TEST_CLUSTER_NATS_SERVER=$RESPCOORD_TEST_NATS_SERVER
 RESPCOORD_TEST_RESTART_NATS_SERVER=$RESPCOORD_TEST_NATS_SERVER
 export RESPCOORD_TEST_NATS_URL RESPCOORD_TEST_NATS_SERVER \
   RESPCOORD_TEST_CLUSTER_NATS_SERVER RESPCOORD_TEST_RESTART_NATS_SERVER
-cargo test --locked --all-targets --features client "$@"
+cargo test --locked --workspace --all-targets --features respcoord-client/cli "$@"
 # The whole end-to-end suite again, against the NATS JetStream backend.
 e2e=(--test e2e_semantics --test e2e_watch --test e2e_validation --test e2e_concurrency)
-RESPCOORD_TEST_BACKEND=nats cargo test --locked --features client "${e2e[@]}" "$@"
+RESPCOORD_TEST_BACKEND=nats cargo test --locked "${e2e[@]}" "$@"
 # Each release line as a three-node cluster: the end-to-end suite and the
 # replicas test on a replicated (R3) bucket, and the three-node test with a
 # node killed mid-load (the newest line ran it above).
@@ -34,11 +36,11 @@ for version in "${NATS_LINES[@]}"; do
   clusters+=("$version")
   url=$(./scripts/nats-cluster.sh start "$version")
   RESPCOORD_TEST_BACKEND=nats RESPCOORD_TEST_NATS_URL=$url RESPCOORD_TEST_NATS_REPLICAS=3 \
-    cargo test --locked --features client "${e2e[@]}" --test replicas "$@"
+    cargo test --locked "${e2e[@]}" --test replicas "$@"
   ./scripts/nats-cluster.sh stop "$version"
   if [ "$version" != "$NATS_NEWEST" ]; then
     RESPCOORD_TEST_CLUSTER_NATS_SERVER=$(./scripts/nats-server.sh "$version") \
-      cargo test --locked --features client --test nats_cluster "$@"
+      cargo test --locked --test nats_cluster "$@"
   fi
 done
 # Fault runs on three-node clusters in network namespaces (partitions,
@@ -50,14 +52,17 @@ done
 # known to open (docs/cluster.md, "Supported NATS"). The long randomized
 # soak is scripts/chaos.sh.
 mutations=(the_checker_rejects the_expiry_check_rejects)
-cargo test --locked --features client,fault-injection --test faults "$@" -- \
+cargo test --locked --features fault-injection --test faults "$@" -- \
   --skip "${mutations[0]}" --skip "${mutations[1]}"
 RESPCOORD_TEST_CLUSTER_NATS_SERVER=$(./scripts/nats-server.sh "${NATS_LINES[0]}") \
-  cargo test --locked --features client,fault-injection --test faults "$@" -- \
+  cargo test --locked --features fault-injection --test faults "$@" -- \
   "${mutations[@]}"
 # The other languages' clients against the real server and the scenario
 # fixture (clients/scenarios/): the binaries they spawn, then each suite.
-cargo build --locked --features client --bin respcoord --example scenario_fixture
+cargo build --locked --bin respcoord --example scenario_fixture
+# The Rust client as a gateway depends on it: by path from a throw-away
+# crate, running the quickstart (clients/rust/README.md).
+./scripts/test-rust-install.sh
 ./scripts/test-typescript.sh
 ./scripts/test-python.sh
 # Shuttle's thread interleavings of the real registry: a build with the

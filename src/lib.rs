@@ -17,7 +17,9 @@
 //! - [`event`] — the lifecycle event and the one place events are built
 //!   (`Change::events`, from a decision or a stored entry).
 //! - [`ids`] — session, request and response ids, valid by construction;
-//!   a caller's session scope (all sessions, or an id prefix).
+//!   a caller's session scope (all sessions, or an id prefix). They live in
+//!   the `respcoord-proto` crate (`proto/`) with the wire types, so the
+//!   Rust client enforces the same rules without building the server.
 //!
 //! Shell:
 //! - [`backend`] — the seam the gRPC layer calls: the memory registry or the
@@ -58,36 +60,29 @@
 //! - [`config`] — flags and `RESPCOORD_*` environment variables.
 //! - [`telemetry`] — logging; OTLP trace export and W3C trace context.
 //! - [`error`] — the typed errors every layer shares.
-//! - [`proto`] — generated wire types.
+//! - [`proto`] — the generated wire types (the `respcoord-proto` crate).
 //!
-//! Client (feature `client`; the server build does without it):
-//! - `client` — the gateway library: connection (TLS, token), per-session
-//!   handles, responses with a cancellation token and a fence, `run`, one
-//!   shared resumable watch per client, retries with request ids. The
-//!   `respcoordctl` binary (src/bin) is built on it.
+//! The gateway client library and `respcoordctl` are a crate of their own,
+//! `respcoord-client` (`clients/rust`); this crate never depends on it.
 //!
 //! Binaries: `respcoord` (src/main.rs); `respcoord-bench`
 //! (src/bin/respcoord-bench/: `main.rs`, one file per command, `servers.rs`
 //! for the in-process empty and respcoord servers, `measure.rs` for the CPU
-//! and RSS probes and the statistics; docs/performance.md); `respcoordctl`
-//! (src/bin/respcoordctl/: `main.rs` the commands, `output.rs` the text and
-//! JSON printing).
+//! and RSS probes and the statistics; docs/performance.md).
 
 pub mod auth;
 pub mod backend;
-#[cfg(feature = "client")]
-pub mod client;
 pub mod config;
 pub mod decision;
 pub mod error;
 pub mod event;
 pub mod events;
 pub mod grpc;
-pub mod ids;
+pub use respcoord_proto::ids;
 pub mod machine;
 pub mod metrics;
 pub mod nats;
-pub mod proto;
+pub use respcoord_proto as proto;
 pub mod registry;
 pub mod server;
 pub mod session;

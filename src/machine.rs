@@ -6,7 +6,7 @@
 //! publishing events, answering the caller). Because a call is one call of
 //! [`transition`] under the session's lock, superseding a response cancels the
 //! old one and starts the new one in a single step; the spec's `atomic start`
-//! (`shared/spec/response_lifecycle.fizz`) is this function's shape, and the
+//! (`proto/PROTOCOL.md`, "The formal model") is this function's shape, and the
 //! legacy dual-writer race it removes cannot be expressed here.
 //!
 //! The state is an enum whose variants carry only their own data, so "active

@@ -1,20 +1,20 @@
-//! The gateway client library (`respcoord::client`) and `respcoordctl`
-//! against real servers on loopback: cancellation from another gateway
+//! The gateway client library (`respcoord-client`, `clients/rust`) against
+//! real servers on loopback: cancellation from another gateway
 //! within a bounded time, Finish at most once (exactly once when the body
 //! ends by itself) under races, retries that never supersede their own
 //! response, a resumed watch after a broken connection, a coordinator
 //! restart survived (re-list, in-flight responses told they are gone, no
 //! Finish for them), the bearer token on every call, mutual TLS with a
-//! scoped token against the real server configuration, the CLI's commands,
-//! JSON output and exit codes, and the measured cancel-propagation latency.
-//! (Only built with the `client` feature: see Cargo.toml's [[test]] entry.)
+//! scoped token against the real server configuration, and the measured
+//! cancel-propagation latency. respcoordctl's tests are the client crate's
+//! (`clients/rust/tests/respcoordctl.rs`).
 
 mod common;
 
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    process::{Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
@@ -24,14 +24,14 @@ use common::{
 };
 use respcoord::{
     auth::{Authenticator, Tokens},
-    client::{
-        Client, ConnectOptions, Finished, RetryPolicy, RunOutcome, StartOptions, StopReason,
-        Terminal, TlsOptions,
-    },
     grpc::{CoordinatorService, WatchSettings},
     proto::v1::{self as pb, response_coordinator_server::ResponseCoordinatorServer, Source},
     registry::{Registry, RegistryConfig},
     server::{Pem, ServerConfig, TlsConfig},
+};
+use respcoord_client::{
+    Client, ConnectOptions, Finished, RetryPolicy, RunOutcome, StartOptions, StopReason, Terminal,
+    TlsOptions,
 };
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -40,8 +40,6 @@ use tonic::{
     transport::{server::TcpIncoming, Server},
     Code,
 };
-
-const CTL: &str = env!("CARGO_BIN_EXE_respcoordctl");
 
 async fn connect(endpoint: &str) -> Client {
     Client::connect(ConnectOptions::new(endpoint))
@@ -711,56 +709,6 @@ async fn mutual_tls_and_a_scoped_token_work_for_the_library_and_the_cli() {
         "a transport failure, not an answer: {refused}"
     );
 
-    // The CLI, with the same files.
-    let token_file = dir.file("token", TOKEN);
-    let path = |p: &Option<PathBuf>| p.as_ref().unwrap().to_str().unwrap().to_owned();
-    let (ca, cert, key, token) = (
-        path(&tls.ca),
-        path(&tls.cert),
-        path(&tls.key),
-        token_file.to_str().unwrap().to_owned(),
-    );
-    let flags = [
-        "--tls-ca",
-        ca.as_str(),
-        "--tls-cert",
-        cert.as_str(),
-        "--tls-key",
-        key.as_str(),
-        "--tls-domain",
-        "localhost",
-        "--token-file",
-        token.as_str(),
-    ];
-    let endpoint = format!("https://{}", server.addr);
-    let got = ctl(
-        &endpoint,
-        &[&["get", "tenant-a/1", "-o", "json"][..], &flags[..]].concat(),
-        &[],
-    )
-    .await;
-    assert_eq!(json(&got)["phase"], "active");
-    let denied = ctl(
-        &endpoint,
-        &[&["get", "tenant-b/1"][..], &flags[..]].concat(),
-        &[],
-    )
-    .await;
-    assert_eq!(denied.code, 7, "{}", denied.stderr);
-    let no_token = ctl(
-        &endpoint,
-        &[&["get", "tenant-a/1"][..], &flags[..8]].concat(),
-        &[],
-    )
-    .await;
-    assert_eq!(no_token.code, 7, "{}", no_token.stderr);
-    let plaintext = ctl(
-        &format!("http://{}", server.addr),
-        &["get", "tenant-a/1", "--timeout", "2s"],
-        &[],
-    )
-    .await;
-    assert_eq!(plaintext.code, 1, "{}", plaintext.stderr);
     server.stop().await;
 }
 
@@ -768,7 +716,7 @@ async fn mutual_tls_and_a_scoped_token_work_for_the_library_and_the_cli() {
 
 /// From B's call to A's `run` returning (its body dropped), over loopback.
 /// Printed, never asserted: tests do not fail on timing. Run with
-/// `cargo test --release --features client --test client cancel_propagation -- --nocapture`.
+/// `cargo test --release --test client cancel_propagation -- --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_propagation_latency() {
     let server = TestServer::start().await;
@@ -815,238 +763,4 @@ async fn cancel_propagation_latency() {
         latencies[latencies.len() - 1]
     );
     server.stop().await;
-}
-
-// ---- respcoordctl ----
-
-struct Ctl {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-async fn ctl(endpoint: &str, args: &[&str], envs: &[(&str, &str)]) -> Ctl {
-    let mut command = Command::new(CTL);
-    command
-        .args(args)
-        .env("RESPCOORDCTL_ENDPOINT", endpoint)
-        .env_remove("RESPCOORDCTL_TOKEN")
-        .env_remove("RESPCOORDCTL_OUTPUT")
-        .stdin(Stdio::null());
-    for (key, value) in envs {
-        command.env(key, value);
-    }
-    let output = tokio::task::spawn_blocking(move || command.output().expect("run respcoordctl"))
-        .await
-        .unwrap();
-    Ctl {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
-fn json(ctl: &Ctl) -> serde_json::Value {
-    assert_eq!(ctl.code, 0, "stderr: {}", ctl.stderr);
-    serde_json::from_str(ctl.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", ctl.stdout))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn respcoordctl_commands_json_and_exit_codes() {
-    let server = TestServer::start().await;
-    let e = server.endpoint();
-    let started = json(
-        &ctl(
-            &e,
-            &["-o", "json", "start", "call-9", "--request-id", "t1"],
-            &[],
-        )
-        .await,
-    );
-    let first = started["response_id"].as_u64().unwrap();
-    assert!(first > 0);
-    assert_eq!(started["replayed"], false);
-    assert_eq!(started["state"]["phase"], "active");
-    assert_eq!(started["state"]["active_source"], "client");
-    let replay = json(
-        &ctl(
-            &e,
-            &["start", "call-9", "--request-id", "t1", "-o", "json"],
-            &[],
-        )
-        .await,
-    );
-    assert_eq!(replay["response_id"].as_u64(), Some(first));
-    assert_eq!(replay["replayed"], true);
-
-    let barge_in = json(
-        &ctl(
-            &e,
-            &["start", "call-9", "--source", "vad", "--output", "json"],
-            &[],
-        )
-        .await,
-    );
-    let second = barge_in["response_id"].as_u64().unwrap();
-    assert_eq!(barge_in["superseded_response_id"].as_u64(), Some(first));
-
-    let got = json(&ctl(&e, &["get", "call-9", "-o", "json"], &[]).await);
-    assert_eq!(got["active_response_id"].as_u64(), Some(second));
-    assert_eq!(got["active_source"], "vad");
-    assert_eq!(got["revision"], 4);
-
-    let text = ctl(&e, &["get", "call-9"], &[]).await;
-    assert_eq!(text.code, 0);
-    assert!(text.stdout.starts_with("call-9 active "), "{}", text.stdout);
-
-    let listed = json(&ctl(&e, &["list", "-o", "json"], &[]).await);
-    assert!(listed["seq"].as_u64().unwrap() >= second);
-    let sessions = listed["sessions"].as_array().unwrap();
-    assert_eq!(sessions.len(), 1);
-    assert_eq!(sessions[0]["session_id"], "call-9");
-
-    let stale = json(
-        &ctl(
-            &e,
-            &["finish", "call-9", &first.to_string(), "-o", "json"],
-            &[],
-        )
-        .await,
-    );
-    assert_eq!(
-        stale["applied"], false,
-        "a superseded response's Finish is stale"
-    );
-    let finished = json(
-        &ctl(
-            &e,
-            &[
-                "finish",
-                "call-9",
-                &second.to_string(),
-                "--status",
-                "failed",
-                "-o",
-                "json",
-            ],
-            &[],
-        )
-        .await,
-    );
-    assert_eq!(finished["applied"], true);
-    assert_eq!(finished["state"]["phase"], "idle");
-
-    let nothing = json(&ctl(&e, &["cancel", "call-9", "-o", "json"], &[]).await);
-    assert_eq!(nothing["cancelled_response_id"], 0);
-    let third = json(&ctl(&e, &["start", "call-9", "-o", "json"], &[]).await)["response_id"]
-        .as_u64()
-        .unwrap();
-    let cancelled = json(
-        &ctl(
-            &e,
-            &[
-                "cancel",
-                "call-9",
-                "--if-response-id",
-                &third.to_string(),
-                "-o",
-                "json",
-            ],
-            &[],
-        )
-        .await,
-    );
-    assert_eq!(cancelled["cancelled_response_id"].as_u64(), Some(third));
-
-    let shut = json(&ctl(&e, &["shutdown", "call-9", "-o", "json"], &[]).await);
-    assert_eq!(shut["state"]["phase"], "terminated");
-
-    // The session's whole history, then the stream ends at `terminated`.
-    let watched = ctl(&e, &["watch", "call-9", "--from-start", "-o", "json"], &[]).await;
-    assert_eq!(watched.code, 0, "{}", watched.stderr);
-    let events: Vec<serde_json::Value> = watched
-        .stdout
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
-    let kinds: Vec<&str> = events
-        .iter()
-        .map(|e| e["event"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        kinds,
-        [
-            "started",
-            "cancel_requested",
-            "ended",
-            "started",
-            "ended",
-            "started",
-            "cancel_requested",
-            "ended",
-            "terminated"
-        ]
-    );
-    assert_eq!(events[1]["reason"], "superseded");
-    assert_eq!(events[4]["status"], "failed");
-    assert_eq!(events[8]["reason"], "shutdown");
-    let revisions: Vec<u64> = events
-        .iter()
-        .map(|e| e["revision"].as_u64().unwrap())
-        .collect();
-    assert_eq!(revisions, (1..=9).collect::<Vec<_>>());
-
-    let all = ctl(&e, &["watch", "--from-start", "--limit", "2"], &[]).await;
-    assert_eq!(all.code, 0, "{}", all.stderr);
-    assert_eq!(all.stdout.lines().count(), 2);
-    assert!(all.stdout.contains(" started response="), "{}", all.stdout);
-
-    // Exit codes.
-    let terminated = ctl(&e, &["start", "call-9"], &[]).await;
-    assert_eq!(terminated.code, 4, "{}", terminated.stderr);
-    assert!(terminated.stderr.contains("FAILED_PRECONDITION"));
-    assert_eq!(ctl(&e, &["get", "nobody"], &[]).await.code, 3);
-    assert_eq!(ctl(&e, &["get", ""], &[]).await.code, 2, "INVALID_ARGUMENT");
-    assert_eq!(ctl(&e, &["get"], &[]).await.code, 2, "usage");
-    assert_eq!(ctl(&e, &["frobnicate"], &[]).await.code, 2, "usage");
-    let unreachable = ctl(
-        &format!("http://127.0.0.1:{}", free_port()),
-        &["get", "x", "--timeout", "2s"],
-        &[],
-    )
-    .await;
-    assert_eq!(unreachable.code, 1, "{}", unreachable.stderr);
-    let gone = ctl(&e, &["watch", "--after-seq", "1"], &[]).await;
-    assert_eq!(gone.code, 6, "OUT_OF_RANGE: {}", gone.stderr);
-    server.stop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn respcoordctl_sends_the_token_from_a_file_or_the_environment() {
-    let coordinator = Coordinator::serve(None, Some("t0ken-for-the-ctl-tests")).await;
-    let e = coordinator.endpoint();
-    let refused = ctl(&e, &["get", "x"], &[]).await;
-    assert_eq!(refused.code, 7, "{}", refused.stderr);
-
-    let dir = TempDir::new("ctl-token");
-    let file = dir.file("token", "t0ken-for-the-ctl-tests\n");
-    let file = file.to_str().unwrap();
-    let by_file = ctl(&e, &["start", "tok", "--token-file", file], &[]).await;
-    assert_eq!(by_file.code, 0, "{}", by_file.stderr);
-    let by_env = ctl(
-        &e,
-        &["get", "tok"],
-        &[("RESPCOORDCTL_TOKEN", "t0ken-for-the-ctl-tests")],
-    )
-    .await;
-    assert_eq!(by_env.code, 0, "{}", by_env.stderr);
-    let missing = ctl(
-        &e,
-        &["get", "tok", "--token-file", "/nonexistent/token"],
-        &[],
-    )
-    .await;
-    assert_eq!(missing.code, 2, "{}", missing.stderr);
-    assert!(missing.stderr.contains("--token-file"));
-    coordinator.stop().await;
 }

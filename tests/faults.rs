@@ -5,7 +5,7 @@
 //! linearizability against the sequential M3 specification and every
 //! replica's watch recording against the contract's invariants.
 //!
-//! `cargo test --features client,fault-injection --test faults` (as root:
+//! `cargo test --features fault-injection --test faults` (as root:
 //! network namespaces). Layout: `netns.rs` the namespaces and links,
 //! `cluster.rs` the NATS nodes and replicas in them and the faults,
 //! `observe.rs` what the test asks NATS about itself, `workload.rs` the

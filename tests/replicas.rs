@@ -17,13 +17,13 @@ use std::{
 
 use common::*;
 use respcoord::{
-    client::RetryPolicy,
     grpc::WatchSettings,
     nats::NatsCoordinator,
     proto::v1::{self as pb, lifecycle_event::Kind},
     registry::RegistryConfig,
     server::ServerConfig,
 };
+use respcoord_client::RetryPolicy;
 use tonic::Code;
 
 /// `n` replicas serving one fresh bucket.

@@ -11,10 +11,8 @@ use std::{
     time::Duration,
 };
 
-use respcoord::{
-    client::CancellationToken,
-    proto::v1::{self as pb, lifecycle_event::Kind},
-};
+use respcoord::proto::v1::{self as pb, lifecycle_event::Kind};
+use respcoord_client::CancellationToken;
 use tonic::{Code, Status};
 
 use crate::{

@@ -3,7 +3,7 @@
 //! (`history::Recorder`), and one watch-all per replica recording every
 //! event it delivers.
 //!
-//! Half the clients use the Rust client library (`respcoord::client`, one
+//! Half the clients use the Rust client library (`respcoord-client`, one
 //! attempt per call, so every attempt is its own recorded operation), half
 //! the raw generated stubs. Calls: Start with a request id (sometimes sent
 //! again with the same id, always after an unknown outcome), Finish of the
@@ -24,10 +24,8 @@ use std::{
     time::Duration,
 };
 
-use respcoord::{
-    client::{self, ClientError, ConnectOptions, RetryPolicy},
-    proto::v1 as pb,
-};
+use respcoord::proto::v1 as pb;
+use respcoord_client::{self as client, ClientError, ConnectOptions, RetryPolicy};
 use tonic::{transport::Endpoint, Code, Request, Status};
 
 use crate::{

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -12,6 +13,7 @@ from conftest import Servers
 from harness import free_port, within
 
 import respcoord
+from respcoord import _retry
 from respcoord._retry import RetryPolicy, backoff, with_retry
 from respcoord._watcher import Liveness, Tracks
 from respcoord.v1 import coordinator_pb2 as pb
@@ -229,6 +231,30 @@ class TestRetries:
         with pytest.raises(respcoord.Unavailable):
             await with_retry(RetryPolicy(max_attempts=3, initial_backoff=0.001), counted)
         assert count == 3
+
+    async def test_a_backoff_that_overruns_the_deadline_raises_the_last_real_failure(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A sleep can wake after the deadline it fitted before; the caller
+        then hears the failure that was retried, and no attempt is made with
+        no time left (it could only time out)."""
+        now = [1000.0]
+
+        async def oversleep(seconds: float) -> None:
+            now[0] += seconds + 1.0
+
+        monkeypatch.setattr(_retry, "time", SimpleNamespace(monotonic=lambda: now[0]))
+        monkeypatch.setattr(_retry, "asyncio", SimpleNamespace(sleep=oversleep))
+        calls = 0
+
+        async def refused(_: float) -> str:
+            nonlocal calls
+            calls += 1
+            raise FakeRpcError(grpc.StatusCode.UNAVAILABLE)
+
+        with pytest.raises(respcoord.Unavailable):
+            await with_retry(RetryPolicy(deadline=0.5, initial_backoff=0.01), refused)
+        assert calls == 1
 
 
 class TestValidation:

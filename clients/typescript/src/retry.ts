@@ -87,11 +87,15 @@ export async function withRetry<T>(
 ): Promise<Attempted<T>> {
   const end = Date.now() + policy.deadlineMs;
   let attempts = 0;
+  let lastFailure: RespcoordError | undefined;
   for (;;) {
     if (signal?.aborted) throw abortError(signal);
+    const left = end - Date.now();
+    // The backoff's sleep overran the deadline: an attempt with no time
+    // left could only hide the real failure behind a made-up DEADLINE_EXCEEDED.
+    if (lastFailure !== undefined && left <= 0) throw lastFailure;
     attempts += 1;
-    const left = Math.max(end - Date.now(), 1);
-    const deadline = new Date(Date.now() + Math.min(policy.attemptTimeoutMs, left));
+    const deadline = new Date(Date.now() + Math.min(policy.attemptTimeoutMs, Math.max(left, 1)));
     let failure: unknown;
     try {
       return { value: await attempt(deadline), attempts };
@@ -105,6 +109,7 @@ export async function withRetry<T>(
     }
     const pause = backoffMs(policy, attempts);
     if (Date.now() + pause >= end) throw mapped;
+    lastFailure = mapped;
     if (!(await sleep(pause, signal)) && signal) throw abortError(signal);
   }
 }

@@ -1,7 +1,7 @@
 // Unit tests: the fencing table, the error mapping, retries, validation, and
 // the signal-taking calls (already aborted, aborted mid-call) on a real server.
 import assert from "node:assert/strict";
-import { describe, test } from "node:test";
+import { describe, mock, test } from "node:test";
 
 import { status as GrpcStatus } from "@grpc/grpc-js";
 
@@ -195,6 +195,25 @@ void describe("retries", () => {
     const began = Date.now();
     await assert.rejects(withRetry(policy, () => Promise.reject(status(GrpcStatus.UNAVAILABLE))), UnavailableError);
     assert.ok(Date.now() - began < 5_000, "ended (generous bound: did it end at all)");
+  });
+
+  void test("a backoff that overruns the deadline rejects with the last real failure, making no attempt without time", async () => {
+    mock.timers.enable({ apis: ["setTimeout", "Date"], now: 1_000_000 });
+    try {
+      let calls = 0;
+      const policy = { ...defaultRetryPolicy, deadlineMs: 500, initialBackoffMs: 10, maxBackoffMs: 10 };
+      const pending = withRetry(policy, () => {
+        calls += 1;
+        return Promise.reject(status(GrpcStatus.UNAVAILABLE));
+      });
+      // Let the first attempt fail and the backoff's timer be set, then wake it late.
+      for (let i = 0; i < 10; i++) await Promise.resolve();
+      mock.timers.tick(2_000);
+      await assert.rejects(pending, UnavailableError);
+      assert.equal(calls, 1);
+    } finally {
+      mock.timers.reset();
+    }
   });
 
   void test("an already-aborted signal makes no attempt; an abort during backoff ends the call", async () => {

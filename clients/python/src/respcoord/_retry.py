@@ -80,11 +80,17 @@ async def with_retry(policy: RetryPolicy, attempt: Callable[[float], Awaitable[_
     end = time.monotonic() + policy.deadline
     attempts = 0
     limit = max(policy.max_attempts, 1) if policy.max_attempts is not None else None
+    failure: grpc.aio.AioRpcError | None = None
     while True:
+        left = end - time.monotonic()
+        if failure is not None and left <= 0:
+            # The backoff's sleep overran the deadline: an attempt with no
+            # time left could only hide the real failure behind a made-up
+            # DEADLINE_EXCEEDED.
+            raise error_from_rpc(failure) from failure
         attempts += 1
-        left = max(end - time.monotonic(), 0.001)
         try:
-            return await attempt(min(policy.attempt_timeout, left))
+            return await attempt(min(policy.attempt_timeout, max(left, 0.001)))
         except grpc.aio.AioRpcError as error:
             failure = error
         pause = backoff(policy, attempts)

@@ -87,9 +87,18 @@ where
 {
     let deadline = Instant::now() + policy.deadline;
     let mut attempts = 0;
+    let mut last_failure: Option<Status> = None;
     loop {
-        attempts += 1;
         let left = deadline.saturating_duration_since(Instant::now());
+        // A backoff's sleep can overrun the deadline by a timer tick; an
+        // attempt with no time left could only fail with a made-up
+        // DEADLINE_EXCEEDED that hides the real failure before it.
+        if attempts > 0 && left.is_zero() {
+            return Err(last_failure
+                .take()
+                .unwrap_or_else(|| Status::deadline_exceeded("retry deadline passed")));
+        }
+        attempts += 1;
         let timeout = policy.attempt_timeout.min(left);
         let result = match tokio::time::timeout(timeout, attempt(timeout)).await {
             Ok(result) => result,
@@ -109,6 +118,7 @@ where
             return Err(status);
         }
         tracing::debug!(code = ?status.code(), message = status.message(), ?pause, attempts, "retrying");
+        last_failure = Some(status);
         tokio::time::sleep(pause).await;
     }
 }
@@ -194,7 +204,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_internal_made_from_a_reset_stream_is_retried() {
-        use crate::proto::v1::{
+        use respcoord_proto::v1::{
             response_coordinator_client::ResponseCoordinatorClient, GetStateRequest,
         };
         let addr = resetting_server().await;
@@ -231,6 +241,37 @@ mod tests {
             "{:?}",
             began.elapsed()
         );
+    }
+
+    /// The timer runs in whole milliseconds, so a backoff that fits before
+    /// the deadline can wake after it. The caller then hears the failure
+    /// that was retried, not a DEADLINE_EXCEEDED from an attempt that was
+    /// given no time.
+    #[tokio::test(start_paused = true)]
+    async fn a_backoff_that_overruns_the_deadline_returns_the_last_real_failure() {
+        let policy = RetryPolicy {
+            deadline: Duration::from_micros(500),
+            initial_backoff: Duration::from_micros(2),
+            max_backoff: Duration::from_micros(2),
+            ..RetryPolicy::default()
+        };
+        let calls = AtomicU32::new(0);
+        let status = run(&policy, |timeout| {
+            let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                if !first {
+                    tokio::time::sleep(timeout * 2).await;
+                }
+                Err::<(), _>(Status::unavailable("handshake refused"))
+            }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::Unavailable, "handshake refused")
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test(start_paused = true)]

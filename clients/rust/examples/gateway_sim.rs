@@ -6,7 +6,7 @@
 //!
 //! ```sh
 //! cargo run --release -- serve &       # a coordinator on 127.0.0.1:50051
-//! cargo run --release --features client --example gateway_sim -- \
+//! cargo run --release -p respcoord-client --example gateway_sim -- \
 //!     --endpoint http://127.0.0.1:50051 --sessions 3 --turns 4
 //! ```
 //!
@@ -24,17 +24,18 @@ use std::{
 };
 
 use clap::Parser;
-use respcoord::client::{
-    Client, ClientError, ConnectArgs, Fence, Finished, RunOutcome, Session, Source, StopReason,
-    Terminal,
+use respcoord_client::{
+    Client, ClientError, ConnectOptions, Fence, Finished, RunOutcome, Session, Source, StopReason,
+    Terminal, DEFAULT_ENDPOINT,
 };
 use tokio::sync::{mpsc, oneshot};
 
 #[derive(Debug, Parser)]
 #[command(about = "Two gateways (read loop and VAD) sharing sessions through respcoord")]
 struct Args {
-    #[command(flatten)]
-    connect: ConnectArgs,
+    /// The coordinator: http://host:port (TLS and tokens: see respcoordctl).
+    #[arg(long, default_value = DEFAULT_ENDPOINT)]
+    endpoint: String,
     /// Sessions (calls) to simulate at once.
     #[arg(long, default_value_t = 3)]
     sessions: usize,
@@ -63,7 +64,7 @@ struct Tally {
 #[tokio::main]
 async fn main() -> Result<(), ClientError> {
     let args = Args::parse();
-    let options = args.connect.options()?;
+    let options = ConnectOptions::new(args.endpoint.clone());
     // Two gateways, two connections.
     let reader = Client::connect(options.clone()).await?;
     let vad = Client::connect(options).await?;

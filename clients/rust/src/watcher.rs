@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Status};
 
 use super::{RawClient, RetryPolicy, StopReason};
-use crate::proto::v1::{self as pb, lifecycle_event::Kind};
+use respcoord_proto::v1::{self as pb, lifecycle_event::Kind};
 
 /// One started response's liveness, shared by its handle, its fences and
 /// the watch. Once stopped, it stays stopped.

@@ -6,9 +6,9 @@ use std::{
     time::{Duration, UNIX_EPOCH},
 };
 
-use respcoord::{
-    client::short_name,
-    proto::v1::{self as pb, lifecycle_event::Kind},
+use respcoord_client::{
+    pb::{self, lifecycle_event::Kind},
+    short_name,
 };
 use serde::Serialize;
 

@@ -1,6 +1,6 @@
 //! A gateway's client for respcoord: run responses safely across processes.
 //!
-//! Built only with the `client` feature; the server never needs it. It turns
+//! Its own crate: a gateway that depends on it builds no server code. It turns
 //! the wire contract's rules for gateways ("Gateways' side of the bargain" in
 //! the contract) into types, so a gateway author does not re-derive them:
 //!
@@ -28,7 +28,7 @@
 //! The patterns and the guarantee each gives are in `docs/client.md`.
 //!
 //! # Layout
-//! - `connect` — endpoint, TLS, token ([`ConnectOptions`], [`ConnectArgs`]).
+//! - `connect` — endpoint, TLS, token ([`ConnectOptions`]).
 //! - `retry` — backoff with jitter under a deadline ([`RetryPolicy`]).
 //! - `watcher` — the shared watch: per-session fencing state, resume, re-list.
 //! - `response` — [`Session`], [`Response`], [`Fence`], [`Session::run`].
@@ -44,12 +44,12 @@ use tokio::sync::OnceCell;
 pub use tokio_util::sync::CancellationToken;
 use tonic::{transport::Channel, Code, Request, Status};
 
-pub use crate::proto::v1::{Phase, SessionState, Source, TerminalStatus};
-use crate::{
-    ids::SessionId,
-    proto::v1::{self as pb, response_coordinator_client::ResponseCoordinatorClient},
-};
-pub use connect::{Auth, ConnectArgs, ConnectOptions, RawClient, TlsOptions};
+pub use connect::{Auth, ConnectOptions, RawClient, TlsOptions, DEFAULT_ENDPOINT};
+/// The wire types (generated from `proto/respcoord/v1/coordinator.proto`),
+/// for the raw calls and the answers the library passes through.
+pub use respcoord_proto::v1 as pb;
+pub use respcoord_proto::v1::{Phase, SessionState, Source, TerminalStatus};
+use respcoord_proto::{ids::SessionId, v1::response_coordinator_client::ResponseCoordinatorClient};
 pub use response::{
     Fence, Finished, Response, ResponseCtx, RunOutcome, Session, StartOptions, StopReason, Terminal,
 };
@@ -431,7 +431,7 @@ mod tests {
         assert_eq!(short_name(Phase::Active.as_str_name()), "active");
         assert_eq!(short_name(Source::Vad.as_str_name()), "vad");
         assert_eq!(
-            short_name(crate::proto::v1::CancelReason::Superseded.as_str_name()),
+            short_name(respcoord_proto::v1::CancelReason::Superseded.as_str_name()),
             "superseded"
         );
     }
@@ -440,6 +440,6 @@ mod tests {
     fn request_ids_are_distinct_and_within_the_limit() {
         let a = new_request_id();
         assert_ne!(a, new_request_id());
-        assert!(a.len() <= crate::ids::MAX_REQUEST_ID_BYTES);
+        assert!(a.len() <= respcoord_proto::ids::MAX_REQUEST_ID_BYTES);
     }
 }

@@ -18,13 +18,13 @@
 use std::{io, process::ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use respcoord::{
-    client::{new_request_id, Client, ClientError, ConnectArgs, Source},
-    proto::v1 as pb,
-};
+use respcoord_client::{new_request_id, pb, Client, ClientError, Source};
 use tonic::Code;
 
+mod connect;
 mod output;
+
+use connect::ConnectArgs;
 
 use output::{ListOut, Printer, StateOut};
 

@@ -8,9 +8,9 @@ use super::{
     watcher::{Liveness, TrackGuard},
     Client, ClientError, SessionState, Source, TerminalStatus,
 };
-use crate::{
+use respcoord_proto::{
     ids::{RequestId, SessionId},
-    proto::v1::{self as pb, CancelReason},
+    v1::{self as pb, CancelReason},
 };
 
 /// Why a response stopped being current.

@@ -1,0 +1,412 @@
+//! respcoordctl against a real server in this process: every command, its
+//! JSON output and exit codes, the token from a file or the environment,
+//! and TLS with a client certificate and a scoped token.
+
+// The root crate's throwaway CAs (some helpers serve only its tests).
+#[allow(dead_code)]
+#[path = "../../../tests/common/ca.rs"]
+mod ca;
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use ca::Ca;
+use respcoord::{
+    auth::Tokens,
+    server::{self, Pem, ServerConfig, TlsConfig},
+};
+use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+
+const CTL: &str = env!("CARGO_BIN_EXE_respcoordctl");
+
+/// A memory-backend respcoord on a loopback port, stopped by [`Served::stop`].
+struct Served {
+    addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    handle: JoinHandle<Result<(), server::ServeError>>,
+}
+
+impl Served {
+    async fn start(config: ServerConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let addr = listener.local_addr().expect("local addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(server::serve(config, listener, async move {
+            let _ = stopped.await;
+        }));
+        Self { addr, stop, handle }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.handle.await.expect("server task").expect("server ran");
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("respcoordctl-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn file(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_and_a_scoped_token() {
+    const TOKEN: &str = "gateway-token-0123456789abcdef";
+    let (server_ca, client_ca) = (Ca::new("server CA").unwrap(), Ca::new("client CA").unwrap());
+    let dir = TempDir::new("mtls");
+    let (cert, key) = server_ca.leaf("localhost").unwrap();
+    let server = Served::start(ServerConfig {
+        tls: Some(TlsConfig {
+            cert: Pem::certificates(&dir.file("server.pem", &cert)).unwrap(),
+            key: Pem::private_key(&dir.file("server-key.pem", &key)).unwrap(),
+            client_ca: Some(Pem::certificates(&dir.file("client-ca.pem", &client_ca.pem)).unwrap()),
+        }),
+        auth: Some(Tokens::parse(&format!("{TOKEN} tenant-a/\n")).unwrap()),
+        ..Default::default()
+    })
+    .await;
+    let (gateway_cert, gateway_key) = client_ca.leaf("gateway-1").unwrap();
+    let (ca, cert, key, token) = (
+        dir.file("ca.pem", &server_ca.pem),
+        dir.file("gateway.pem", &gateway_cert),
+        dir.file("gateway-key.pem", &gateway_key),
+        dir.file("token", TOKEN),
+    );
+    let path = |p: &PathBuf| p.to_str().unwrap().to_owned();
+    let (ca, cert, key, token) = (path(&ca), path(&cert), path(&key), path(&token));
+    let endpoint = format!("https://{}", server.addr);
+    let started = ctl(
+        &endpoint,
+        &[
+            "start",
+            "tenant-a/1",
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--tls-domain",
+            "localhost",
+            "--token-file",
+            &token,
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(started.code, 0, "{}", started.stderr);
+    let flags = [
+        "--tls-ca",
+        ca.as_str(),
+        "--tls-cert",
+        cert.as_str(),
+        "--tls-key",
+        key.as_str(),
+        "--tls-domain",
+        "localhost",
+        "--token-file",
+        token.as_str(),
+    ];
+    let endpoint = format!("https://{}", server.addr);
+    let got = ctl(
+        &endpoint,
+        &[&["get", "tenant-a/1", "-o", "json"][..], &flags[..]].concat(),
+        &[],
+    )
+    .await;
+    assert_eq!(json(&got)["phase"], "active");
+    let denied = ctl(
+        &endpoint,
+        &[&["get", "tenant-b/1"][..], &flags[..]].concat(),
+        &[],
+    )
+    .await;
+    assert_eq!(denied.code, 7, "{}", denied.stderr);
+    let no_token = ctl(
+        &endpoint,
+        &[&["get", "tenant-a/1"][..], &flags[..8]].concat(),
+        &[],
+    )
+    .await;
+    assert_eq!(no_token.code, 7, "{}", no_token.stderr);
+    let plaintext = ctl(
+        &format!("http://{}", server.addr),
+        &["get", "tenant-a/1", "--timeout", "2s"],
+        &[],
+    )
+    .await;
+    assert_eq!(plaintext.code, 1, "{}", plaintext.stderr);
+    server.stop().await;
+}
+
+struct Ctl {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn ctl(endpoint: &str, args: &[&str], envs: &[(&str, &str)]) -> Ctl {
+    let mut command = Command::new(CTL);
+    command
+        .args(args)
+        .env("RESPCOORDCTL_ENDPOINT", endpoint)
+        .env_remove("RESPCOORDCTL_TOKEN")
+        .env_remove("RESPCOORDCTL_OUTPUT")
+        .stdin(Stdio::null());
+    for (key, value) in envs {
+        command.env(key, value);
+    }
+    let output = tokio::task::spawn_blocking(move || command.output().expect("run respcoordctl"))
+        .await
+        .unwrap();
+    Ctl {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn json(ctl: &Ctl) -> serde_json::Value {
+    assert_eq!(ctl.code, 0, "stderr: {}", ctl.stderr);
+    serde_json::from_str(ctl.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", ctl.stdout))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn respcoordctl_commands_json_and_exit_codes() {
+    let server = Served::start(ServerConfig::default()).await;
+    let e = server.endpoint();
+    let started = json(
+        &ctl(
+            &e,
+            &["-o", "json", "start", "call-9", "--request-id", "t1"],
+            &[],
+        )
+        .await,
+    );
+    let first = started["response_id"].as_u64().unwrap();
+    assert!(first > 0);
+    assert_eq!(started["replayed"], false);
+    assert_eq!(started["state"]["phase"], "active");
+    assert_eq!(started["state"]["active_source"], "client");
+    let replay = json(
+        &ctl(
+            &e,
+            &["start", "call-9", "--request-id", "t1", "-o", "json"],
+            &[],
+        )
+        .await,
+    );
+    assert_eq!(replay["response_id"].as_u64(), Some(first));
+    assert_eq!(replay["replayed"], true);
+
+    let barge_in = json(
+        &ctl(
+            &e,
+            &["start", "call-9", "--source", "vad", "--output", "json"],
+            &[],
+        )
+        .await,
+    );
+    let second = barge_in["response_id"].as_u64().unwrap();
+    assert_eq!(barge_in["superseded_response_id"].as_u64(), Some(first));
+
+    let got = json(&ctl(&e, &["get", "call-9", "-o", "json"], &[]).await);
+    assert_eq!(got["active_response_id"].as_u64(), Some(second));
+    assert_eq!(got["active_source"], "vad");
+    assert_eq!(got["revision"], 4);
+
+    let text = ctl(&e, &["get", "call-9"], &[]).await;
+    assert_eq!(text.code, 0);
+    assert!(text.stdout.starts_with("call-9 active "), "{}", text.stdout);
+
+    let listed = json(&ctl(&e, &["list", "-o", "json"], &[]).await);
+    assert!(listed["seq"].as_u64().unwrap() >= second);
+    let sessions = listed["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1);
+    assert_eq!(sessions[0]["session_id"], "call-9");
+
+    let stale = json(
+        &ctl(
+            &e,
+            &["finish", "call-9", &first.to_string(), "-o", "json"],
+            &[],
+        )
+        .await,
+    );
+    assert_eq!(
+        stale["applied"], false,
+        "a superseded response's Finish is stale"
+    );
+    let finished = json(
+        &ctl(
+            &e,
+            &[
+                "finish",
+                "call-9",
+                &second.to_string(),
+                "--status",
+                "failed",
+                "-o",
+                "json",
+            ],
+            &[],
+        )
+        .await,
+    );
+    assert_eq!(finished["applied"], true);
+    assert_eq!(finished["state"]["phase"], "idle");
+
+    let nothing = json(&ctl(&e, &["cancel", "call-9", "-o", "json"], &[]).await);
+    assert_eq!(nothing["cancelled_response_id"], 0);
+    let third = json(&ctl(&e, &["start", "call-9", "-o", "json"], &[]).await)["response_id"]
+        .as_u64()
+        .unwrap();
+    let cancelled = json(
+        &ctl(
+            &e,
+            &[
+                "cancel",
+                "call-9",
+                "--if-response-id",
+                &third.to_string(),
+                "-o",
+                "json",
+            ],
+            &[],
+        )
+        .await,
+    );
+    assert_eq!(cancelled["cancelled_response_id"].as_u64(), Some(third));
+
+    let shut = json(&ctl(&e, &["shutdown", "call-9", "-o", "json"], &[]).await);
+    assert_eq!(shut["state"]["phase"], "terminated");
+
+    // The session's whole history, then the stream ends at `terminated`.
+    let watched = ctl(&e, &["watch", "call-9", "--from-start", "-o", "json"], &[]).await;
+    assert_eq!(watched.code, 0, "{}", watched.stderr);
+    let events: Vec<serde_json::Value> = watched
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "started",
+            "cancel_requested",
+            "ended",
+            "started",
+            "ended",
+            "started",
+            "cancel_requested",
+            "ended",
+            "terminated"
+        ]
+    );
+    assert_eq!(events[1]["reason"], "superseded");
+    assert_eq!(events[4]["status"], "failed");
+    assert_eq!(events[8]["reason"], "shutdown");
+    let revisions: Vec<u64> = events
+        .iter()
+        .map(|e| e["revision"].as_u64().unwrap())
+        .collect();
+    assert_eq!(revisions, (1..=9).collect::<Vec<_>>());
+
+    let all = ctl(&e, &["watch", "--from-start", "--limit", "2"], &[]).await;
+    assert_eq!(all.code, 0, "{}", all.stderr);
+    assert_eq!(all.stdout.lines().count(), 2);
+    assert!(all.stdout.contains(" started response="), "{}", all.stdout);
+
+    // Exit codes.
+    let terminated = ctl(&e, &["start", "call-9"], &[]).await;
+    assert_eq!(terminated.code, 4, "{}", terminated.stderr);
+    assert!(terminated.stderr.contains("FAILED_PRECONDITION"));
+    assert_eq!(ctl(&e, &["get", "nobody"], &[]).await.code, 3);
+    assert_eq!(ctl(&e, &["get", ""], &[]).await.code, 2, "INVALID_ARGUMENT");
+    assert_eq!(ctl(&e, &["get"], &[]).await.code, 2, "usage");
+    assert_eq!(ctl(&e, &["frobnicate"], &[]).await.code, 2, "usage");
+    let unreachable = ctl(
+        &format!("http://127.0.0.1:{}", free_port()),
+        &["get", "x", "--timeout", "2s"],
+        &[],
+    )
+    .await;
+    assert_eq!(unreachable.code, 1, "{}", unreachable.stderr);
+    let gone = ctl(&e, &["watch", "--after-seq", "1"], &[]).await;
+    assert_eq!(gone.code, 6, "OUT_OF_RANGE: {}", gone.stderr);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn respcoordctl_sends_the_token_from_a_file_or_the_environment() {
+    let server = Served::start(ServerConfig {
+        auth: Some(Tokens::parse("t0ken-for-the-ctl-tests").unwrap()),
+        ..ServerConfig::default()
+    })
+    .await;
+    let e = server.endpoint();
+    let refused = ctl(&e, &["get", "x"], &[]).await;
+    assert_eq!(refused.code, 7, "{}", refused.stderr);
+
+    let dir = TempDir::new("ctl-token");
+    let file = dir.file("token", "t0ken-for-the-ctl-tests\n");
+    let file = file.to_str().unwrap();
+    let by_file = ctl(&e, &["start", "tok", "--token-file", file], &[]).await;
+    assert_eq!(by_file.code, 0, "{}", by_file.stderr);
+    let by_env = ctl(
+        &e,
+        &["get", "tok"],
+        &[("RESPCOORDCTL_TOKEN", "t0ken-for-the-ctl-tests")],
+    )
+    .await;
+    assert_eq!(by_env.code, 0, "{}", by_env.stderr);
+    let missing = ctl(
+        &e,
+        &["get", "tok", "--token-file", "/nonexistent/token"],
+        &[],
+    )
+    .await;
+    assert_eq!(missing.code, 2, "{}", missing.stderr);
+    assert!(missing.stderr.contains("--token-file"));
+    server.stop().await;
+}
