@@ -36,6 +36,74 @@ pub enum Command {
     Serve(ServeArgs),
 }
 
+impl Cli {
+    /// Parses the command line and the `RESPCOORD_*` environment. A value
+    /// that came from a variable is refused under the variable's name as
+    /// well as the flag's: an operator who never typed `--listen` looks for
+    /// `RESPCOORD_LISTEN` in the manifest, not for a flag.
+    pub fn try_parse_naming_variables<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+        Self::try_parse_from(&args).map_err(|error| name_the_variable(error, &args))
+    }
+}
+
+/// Adds "(from RESPCOORD_X)" after the flag an invalid value is reported
+/// under, when the flag was not on the command line and its variable is set.
+fn name_the_variable(error: clap::Error, args: &[std::ffi::OsString]) -> clap::Error {
+    use clap::{
+        error::{ContextKind, ContextValue, ErrorKind},
+        CommandFactory,
+    };
+    if !matches!(
+        error.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return error;
+    }
+    let Some(ContextValue::String(shown)) = error.get(ContextKind::InvalidArg) else {
+        return error;
+    };
+    let Some(long) = shown
+        .split_whitespace()
+        .next()
+        .and_then(|f| f.strip_prefix("--"))
+    else {
+        return error;
+    };
+    let command = Cli::command();
+    let Some(variable) = command
+        .get_subcommands()
+        .flat_map(|sub| sub.get_arguments())
+        .find(|arg| arg.get_long() == Some(long))
+        .and_then(|arg| arg.get_env())
+    else {
+        return error;
+    };
+    let flag = format!("--{long}");
+    let typed = args.iter().any(|arg| {
+        let arg = arg.to_string_lossy();
+        arg == flag.as_str() || arg.starts_with(&format!("{flag}="))
+    });
+    if typed || std::env::var_os(variable).is_none() {
+        return error;
+    }
+    let rendered = error.render().to_string();
+    let quoted = format!("'{shown}'");
+    let named = rendered.replacen(
+        &quoted,
+        &format!("{quoted} (from {})", variable.to_string_lossy()),
+        1,
+    );
+    clap::Error::raw(
+        ErrorKind::ValueValidation,
+        named.trim_start_matches("error: "),
+    )
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
     /// The embedded in-memory coordinator.
@@ -96,8 +164,10 @@ fn private_key_file(raw: &str) -> Result<Pem, String> {
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Address to serve gRPC on.
-    #[arg(long, env = "RESPCOORD_LISTEN", default_value = "0.0.0.0:50051",
+    /// Address to serve gRPC on. Loopback unless given (as etcd and Redis
+    /// do): a coordinator is reachable from the network only when its
+    /// operator says so, the container image and the manifests included.
+    #[arg(long, env = "RESPCOORD_LISTEN", default_value = "127.0.0.1:50051",
           value_parser = listen_address)]
     pub listen: SocketAddr,
 
@@ -431,7 +501,7 @@ mod tests {
     fn defaults_match_the_contract() {
         let cli = Cli::try_parse_from(["respcoord", "serve"]).unwrap();
         let Command::Serve(args) = cli.command;
-        assert_eq!(args.listen, "0.0.0.0:50051".parse().unwrap());
+        assert_eq!(args.listen, "127.0.0.1:50051".parse().unwrap());
         assert_eq!(args.session_idle_ttl, Duration::from_secs(3600));
         assert_eq!(args.tombstone_ttl, Duration::from_secs(600));
         assert_eq!(args.max_sessions, 1_000_000);

@@ -5,7 +5,6 @@ use std::{error::Error, process::ExitCode};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use clap::Parser;
 use respcoord::{
     backend::Coordinator,
     config::{Backend, Cli, Command},
@@ -31,7 +30,9 @@ fn chain(error: &dyn Error) -> String {
 }
 
 fn main() -> ExitCode {
-    let Command::Serve(args) = Cli::parse().command;
+    let Command::Serve(args) = Cli::try_parse_naming_variables(std::env::args_os())
+        .unwrap_or_else(|error| error.exit())
+        .command;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -120,6 +121,12 @@ fn main() -> ExitCode {
             otlp_metrics = signals.metrics,
             "respcoord serving"
         );
+        if args.auth_tokens.is_none() && !args.listen.ip().is_loopback() {
+            tracing::warn!(
+                listen = %args.listen,
+                "serving without authentication on a non-loopback address: anyone who can reach it can start, cancel and shut down sessions (--auth-tokens)"
+            );
+        }
         let config = ServerConfig {
             registry: args.registry_config(),
             watch: args.watch_settings(),

@@ -484,6 +484,17 @@ fn bad_configuration_exits_2_naming_the_flag() {
             vec![("RESPCOORD_MAX_SESSIONS", "lots")],
             "--max-sessions",
         ),
+        // From the environment, the variable is named as well as the flag.
+        (
+            vec![],
+            vec![("RESPCOORD_METRICS_LISTEN", "nowhere")],
+            "--metrics-listen <METRICS_LISTEN>' (from RESPCOORD_METRICS_LISTEN)",
+        ),
+        (
+            vec![],
+            vec![("RESPCOORD_SESSION_IDLE_TTL", "0s")],
+            "(from RESPCOORD_SESSION_IDLE_TTL)",
+        ),
         (
             vec!["--listen".into(), "not-an-address".into()],
             vec![],
@@ -776,4 +787,49 @@ async fn logs_in_a_file_have_ids_as_text_no_debug_formatting_and_no_colour() {
             );
         }
     }
+}
+
+/// Issue 27: secure by default. Without `--listen` the server is reachable
+/// from this machine only; served on every interface without tokens, it
+/// says so at start, and on loopback it does not.
+#[tokio::test]
+async fn serving_without_tokens_beyond_loopback_is_warned_about() {
+    let log = scratch("open-to-the-network", "");
+    let port = free_port();
+    let mut open = KillOnDrop::new(
+        Command::new(RESPCOORD_BIN)
+            .args(["serve", "--listen", &format!("0.0.0.0:{port}")])
+            .env("RESPCOORD_LOG_FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .expect("spawn respcoord"),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    let logged = loop {
+        let logged = std::fs::read_to_string(&log).unwrap();
+        if logged.contains("respcoord serving") {
+            break logged;
+        }
+        assert!(
+            open.try_wait().expect("wait").is_none(),
+            "respcoord exited: {logged}"
+        );
+        assert!(Instant::now() < deadline, "never served: {logged}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let warning = logged
+        .lines()
+        .find(|line| line.contains("without authentication"))
+        .unwrap_or_else(|| panic!("no warning on 0.0.0.0 without tokens: {logged}"));
+    assert!(warning.contains(r#""level":"WARN""#), "{warning}");
+    assert!(warning.contains(&format!("0.0.0.0:{port}")), "{warning}");
+    open.kill();
+
+    let log = scratch("loopback-only", "");
+    let process = spawn_respcoord_with(&[], &[], Stdio::from(std::fs::File::create(&log).unwrap()));
+    client_for(&process).await;
+    let logged = stop_and_read(process, &log).await;
+    assert!(!logged.contains("without authentication"), "{logged}");
 }

@@ -15,4 +15,6 @@ export default tseslint.config(
     },
   },
   { files: ["**/*.js", "**/*.mjs"], ...tseslint.configs.disableTypeChecked },
+  // The quickstart is plain JavaScript for Node, as a user writes it: Node's globals.
+  { files: ["examples/**/*.mjs"], languageOptions: { globals: { console: "readonly", process: "readonly" } } },
 );
