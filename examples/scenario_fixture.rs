@@ -18,7 +18,8 @@
 //! `{"grpc":"127.0.0.1:P","proxy":"127.0.0.1:Q","control":"http://127.0.0.1:R"}`,
 //! and exits when its standard input closes (so a test that dies never
 //! leaves it behind). Control: `POST /lose-next-start-reply`,
-//! `GET /finishes/{response_id}`, `GET /starts`, `POST /cut`.
+//! `GET /finishes/{response_id}`, `GET /starts`, `POST /cut`,
+//! `POST /hold-next-watch`, `GET /held-watches`, `POST /release-watches`.
 //! Test tooling, not a product: it is an example so the server build never
 //! carries it.
 
@@ -190,6 +191,24 @@ fn control_routes(control: Arc<Control>) -> Router {
         .route(
             "/starts",
             get(|State(c): State<Arc<Control>>| async move { count(c.counting.starts()) }),
+        )
+        .route(
+            "/hold-next-watch",
+            post(|State(c): State<Arc<Control>>| async move {
+                c.counting.hold_next_watch();
+                StatusCode::NO_CONTENT
+            }),
+        )
+        .route(
+            "/held-watches",
+            get(|State(c): State<Arc<Control>>| async move { count(c.counting.held_watches()) }),
+        )
+        .route(
+            "/release-watches",
+            post(|State(c): State<Arc<Control>>| async move {
+                c.counting.release_watches();
+                StatusCode::NO_CONTENT
+            }),
         )
         .route(
             "/cut",

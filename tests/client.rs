@@ -479,7 +479,7 @@ async fn a_start_sent_while_the_coordinator_is_down_retries_until_it_is_back_onc
     coordinator.stop().await;
 }
 
-// ---- the shared watch: resume, restart ----
+// ---- session watches: resume, restart ----
 
 #[tokio::test]
 async fn the_watch_resumes_after_a_broken_connection_and_catches_up() {
@@ -489,10 +489,19 @@ async fn the_watch_resumes_after_a_broken_connection_and_catches_up() {
     let b = connect(&server.endpoint()).await;
     let session = a.session("resume-1").unwrap();
     let response = session.start(Source::Client).await.unwrap();
-    let status = a.watch_status().expect("the watch runs");
+    within_until("A's session watch is open", || a.watch_status().opened == 1).await;
+    let before = a.watch_status();
+    assert_eq!(before.open, 1, "one session watch: {before:?}");
 
-    // Cut A off, supersede its response meanwhile, then let it reconnect.
+    // Cut A off; once its watch noticed (a state read is under way or done),
+    // supersede its response.
     proxy.cut();
+    within("A's watch notices the cut", async {
+        while a.watch_status().rereads == before.rereads {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
     let barge_in = b
         .session("resume-1")
         .unwrap()
@@ -504,11 +513,145 @@ async fn the_watch_resumes_after_a_broken_connection_and_catches_up() {
         within("A learns after resuming", response.stopped()).await,
         StopReason::Superseded
     );
-    let after = a.watch_status().unwrap();
-    assert!(after.reconnects > status.reconnects, "{after:?}");
-    assert_eq!(after.relists, 0, "resumed with after_seq, no re-list");
-    assert!(after.position > status.position);
+    within_until("the watch closes with its last response", || {
+        a.watch_status().open == 0
+    })
+    .await;
     server.stop().await;
+}
+
+/// Polls `done` until it holds, or fails after the patience bound.
+async fn within_until(what: &str, done: impl Fn() -> bool) {
+    within(what, async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_client_watches_a_session_only_while_it_has_a_live_response_there() {
+    let coordinator = Coordinator::serve(None, None).await;
+    let a = connect(&coordinator.endpoint()).await;
+    let b = connect(&coordinator.endpoint()).await;
+    let (x, y) = (
+        a.session("follow-x").unwrap(),
+        a.session("follow-y").unwrap(),
+    );
+    let status = a.watch_status();
+    assert_eq!(
+        (status.open, status.opened),
+        (0, 0),
+        "handles alone: {status:?}"
+    );
+
+    let on_x = x.start(Source::Client).await.unwrap();
+    assert_eq!(a.watch_status().open, 1);
+    let on_y = y.start(Source::Client).await.unwrap();
+    assert_eq!(a.watch_status().open, 2);
+    within_until("both watches are open", || a.watch_status().opened == 2).await;
+
+    assert!(matches!(
+        on_x.finish(Terminal::Completed).await.unwrap(),
+        Finished::Applied(_)
+    ));
+    within_until("X's watch closes after its Finish", || {
+        a.watch_status().open == 1
+    })
+    .await;
+    // Traffic on a session A has nothing live in reaches A not at all.
+    let z = b.session("follow-z").unwrap();
+    for _ in 0..5 {
+        z.start(Source::Vad).await.unwrap();
+    }
+    assert_eq!(
+        a.watch_status().opened,
+        2,
+        "no watch of Z, nor of everything"
+    );
+    b.session("follow-y")
+        .unwrap()
+        .start(Source::Vad)
+        .await
+        .unwrap();
+    assert_eq!(
+        within("Y's response is superseded", on_y.stopped()).await,
+        StopReason::Superseded
+    );
+    within_until("no watch once nothing is live", || {
+        a.watch_status().open == 0
+    })
+    .await;
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn a_stop_between_a_start_reply_and_its_watch_is_not_missed() {
+    let coordinator = Coordinator::serve(None, None).await;
+    let a = connect(&coordinator.endpoint()).await;
+    let b = connect(&coordinator.endpoint()).await;
+    coordinator.counting.hold_next_watch();
+    let response = a
+        .session("between")
+        .unwrap()
+        .start(Source::Client)
+        .await
+        .unwrap();
+    within_until("A's session watch reaches the hold", || {
+        coordinator.counting.held_watches() == 1
+    })
+    .await;
+    b.session("between")
+        .unwrap()
+        .start(Source::Vad)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(response.is_current(), "nothing has told A yet");
+    coordinator.counting.release_watches();
+    assert_eq!(
+        within("the watch replays the supersede", response.stopped()).await,
+        StopReason::Superseded
+    );
+    assert_eq!(
+        a.watch_status().rereads,
+        0,
+        "replayed from the Start reply's revision, no state read"
+    );
+    coordinator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_sessions_on_one_client_each_get_their_stop() {
+    let sessions = 300;
+    let coordinator = Coordinator::serve(None, None).await;
+    let a = connect(&coordinator.endpoint()).await;
+    let b = connect(&coordinator.endpoint()).await;
+    let mut responses = Vec::with_capacity(sessions);
+    for i in 0..sessions {
+        let session = a.session(&format!("many-{i}")).unwrap();
+        responses.push(session.start(Source::Client).await.unwrap());
+    }
+    assert_eq!(a.watch_status().open, sessions as u64);
+    for i in 0..sessions {
+        b.session(&format!("many-{i}"))
+            .unwrap()
+            .start(Source::Vad)
+            .await
+            .unwrap();
+    }
+    for response in &responses {
+        assert_eq!(
+            within("every response is superseded", response.stopped()).await,
+            StopReason::Superseded
+        );
+    }
+    within_until("no watch once nothing is live", || {
+        a.watch_status().open == 0
+    })
+    .await;
+    coordinator.stop().await;
 }
 
 /// The real binary on `port`, once it answers.
@@ -517,10 +660,10 @@ fn spawn_server(port: u16) -> RespcoordProcess {
 }
 
 /// "Survived" for the in-memory backend, which loses its sessions when it
-/// restarts: the client reconnects; its watch, resumed at a seq the new
-/// process never had, gets OUT_OF_RANGE and re-lists; the in-flight response
-/// is reported gone (stopped, no Finish: there is nothing to finish); the
-/// client keeps working, including its watch, and never starts twice.
+/// restarts: the session watch breaks, the state read before reopening it
+/// answers NOT_FOUND, and the in-flight response is reported gone (stopped,
+/// no Finish: there is nothing to finish); the client keeps working,
+/// including its watches, and never starts twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_restart_mid_run_is_survived() {
     let port = free_port();
@@ -559,8 +702,8 @@ async fn a_coordinator_restart_mid_run_is_survived() {
         "{outcome:?}"
     );
     assert!(!fence.is_current());
-    let status = a.watch_status().unwrap();
-    assert!(status.relists >= 1, "{status:?}");
+    let status = a.watch_status();
+    assert!(status.rereads >= 1, "{status:?}");
 
     // The client goes on: a new response (ids keep growing across the
     // restart), exactly one start, and the resumed watch still delivers.
@@ -575,7 +718,7 @@ async fn a_coordinator_restart_mid_run_is_survived() {
         .await
         .unwrap();
     assert_eq!(
-        within("the watch works after re-listing", next.stopped()).await,
+        within("a new watch works after the restart", next.stopped()).await,
         StopReason::Superseded
     );
     drop(server);

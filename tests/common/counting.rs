@@ -1,7 +1,8 @@
 //! The real coordinator service, wrapped to record what reaches it: every
 //! Finish (per response id), every Start, and to lose one Start reply on
 //! demand (the Start applies, the caller sees UNAVAILABLE), as a dropped
-//! connection would. Shared by `tests/client.rs` and the cross-language
+//! connection would; and to hold the next Watch until released, so that a
+//! test can land a stop between a Start's reply and its session's watch. Shared by `tests/client.rs` and the cross-language
 //! scenario fixture (`examples/scenario_fixture.rs`), so every client is
 //! judged by the same counts.
 
@@ -25,6 +26,24 @@ pub struct Counting {
     finishes: Arc<Mutex<HashMap<u64, usize>>>,
     starts: Arc<AtomicUsize>,
     lose_next_start_reply: Arc<AtomicBool>,
+    hold: Arc<WatchHold>,
+}
+
+/// The gate [`Counting::hold_next_watch`] arms.
+struct WatchHold {
+    armed: AtomicBool,
+    held: AtomicUsize,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for WatchHold {
+    fn default() -> Self {
+        Self {
+            armed: AtomicBool::new(false),
+            held: AtomicUsize::new(0),
+            open: tokio::sync::watch::Sender::new(true),
+        }
+    }
 }
 
 impl Counting {
@@ -34,7 +53,24 @@ impl Counting {
             finishes: Arc::default(),
             starts: Arc::default(),
             lose_next_start_reply: Arc::default(),
+            hold: Arc::default(),
         }
+    }
+
+    /// The next Watch call waits (before the server sees it) until
+    /// [`Counting::release_watches`].
+    pub fn hold_next_watch(&self) {
+        self.hold.open.send_replace(false);
+        self.hold.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Watch calls waiting at the gate now.
+    pub fn held_watches(&self) -> usize {
+        self.hold.held.load(Ordering::SeqCst)
+    }
+
+    pub fn release_watches(&self) {
+        self.hold.open.send_replace(true);
     }
 
     /// Finish calls that reached the server for `response_id`.
@@ -108,6 +144,12 @@ impl ResponseCoordinator for Counting {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        if self.hold.armed.swap(false, Ordering::SeqCst) {
+            self.hold.held.fetch_add(1, Ordering::SeqCst);
+            let mut open = self.hold.open.subscribe();
+            let _ = open.wait_for(|open| *open).await;
+            self.hold.held.fetch_sub(1, Ordering::SeqCst);
+        }
         self.inner.watch(request).await
     }
 }

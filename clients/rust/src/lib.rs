@@ -5,12 +5,12 @@
 //! the contract) into types, so a gateway author does not re-derive them:
 //!
 //! - [`Client`] holds the connection (plaintext or TLS, an optional bearer
-//!   token on every call) and **one** shared watch-all stream that delivers
-//!   every cancellation and supersession for the sessions it tracks. The
-//!   stream resumes with `after_seq` after a reconnect and re-lists
-//!   (ListSessions) when the server answers OUT_OF_RANGE.
-//! - [`Session`] is a per-session handle; holding it makes the client track
-//!   the session's events.
+//!   token on every call) and one Watch stream per session where it has a
+//!   live response, which delivers every cancellation and supersession of
+//!   that response, whichever gateway asked. A gateway's watch traffic
+//!   follows its own sessions, not the deployment's. A broken stream is
+//!   resumed after reading the session's state (GetState).
+//! - [`Session`] is a per-session handle; its responses' stops reach it.
 //! - [`Session::start`] returns a [`Response`]: it knows its id, is stopped
 //!   (a [`CancellationToken`] fires, [`Response::stopped`] resolves) when the
 //!   coordinator cancels or supersedes it, from ANY gateway, and has a cheap
@@ -30,19 +30,24 @@
 //! # Layout
 //! - `connect` — endpoint, TLS, token ([`ConnectOptions`]).
 //! - `retry` — backoff with jitter under a deadline ([`RetryPolicy`]).
-//! - `watcher` — the shared watch: per-session fencing state, resume, re-list.
+//! - `fencing` — the fencing table: which of the client's responses are
+//!   known dead, from events and state reads (pure).
+//! - `watch` — the session watches that feed it: open, resume, close.
 //! - `response` — [`Session`], [`Response`], [`Fence`], [`Session::run`].
 
 mod connect;
+mod fencing;
 mod response;
 mod retry;
-mod watcher;
+mod watch;
 
 use std::{sync::Arc, time::Duration};
 
-use tokio::sync::OnceCell;
 pub use tokio_util::sync::CancellationToken;
-use tonic::{transport::Channel, Code, Request, Status};
+use tonic::{
+    transport::{Channel, Endpoint},
+    Code, Request, Status,
+};
 
 pub use connect::{Auth, ConnectOptions, RawClient, TlsOptions, DEFAULT_ENDPOINT};
 /// The wire types (generated from `proto/respcoord/v1/coordinator.proto`),
@@ -54,7 +59,7 @@ pub use response::{
     Fence, Finished, Response, ResponseCtx, RunOutcome, Session, StartOptions, StopReason, Terminal,
 };
 pub use retry::RetryPolicy;
-pub use watcher::WatchStatus;
+pub use watch::{WatchStatus, STREAMS_PER_CONNECTION};
 
 /// What went wrong with a call.
 #[derive(Debug, thiserror::Error)]
@@ -128,8 +133,8 @@ fn code_name(code: Code) -> String {
         .collect()
 }
 
-/// A connection to respcoord. Cheap to clone; the clones share the channel
-/// and the watch. The watch task stops when the last clone is dropped.
+/// A connection to respcoord. Cheap to clone; the clones share the
+/// connections and the session watches.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -145,20 +150,11 @@ impl std::fmt::Debug for Client {
 
 struct Inner {
     raw: RawClient,
-    /// A second connection for the watch stream, so unary calls and the
-    /// long-lived stream never share HTTP/2 flow control.
-    watch_raw: RawClient,
     retry: RetryPolicy,
-    tracks: Arc<watcher::Tracks>,
-    watcher: OnceCell<watcher::Handle>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Some(watcher) = self.watcher.get() {
-            watcher.stop();
-        }
-    }
+    tracks: Arc<fencing::Tracks>,
+    /// Session watches, on connections of their own so that calls and
+    /// long-lived streams never share HTTP/2 flow control.
+    watches: watch::Watches,
 }
 
 impl Client {
@@ -168,12 +164,7 @@ impl Client {
         let endpoint = options.endpoint()?;
         let auth = options.auth()?;
         let channel = endpoint.connect().await?;
-        Ok(Self::from_parts(
-            channel,
-            endpoint.connect_lazy(),
-            auth,
-            options.retry,
-        ))
+        Ok(Self::from_parts(channel, endpoint, auth, options.retry))
     }
 
     /// As [`Client::connect`], without waiting for the connection: the
@@ -183,20 +174,20 @@ impl Client {
         let auth = options.auth()?;
         Ok(Self::from_parts(
             endpoint.connect_lazy(),
-            endpoint.connect_lazy(),
+            endpoint,
             auth,
             options.retry,
         ))
     }
 
-    fn from_parts(unary: Channel, watch: Channel, auth: Auth, retry: RetryPolicy) -> Self {
+    fn from_parts(unary: Channel, endpoint: Endpoint, auth: Auth, retry: RetryPolicy) -> Self {
+        let tracks = Arc::<fencing::Tracks>::default();
         Self {
             inner: Arc::new(Inner {
                 raw: ResponseCoordinatorClient::with_interceptor(unary, auth.clone()),
-                watch_raw: ResponseCoordinatorClient::with_interceptor(watch, auth),
+                watches: watch::Watches::new(endpoint, auth, retry.clone(), Arc::clone(&tracks)),
                 retry,
-                tracks: Arc::default(),
-                watcher: OnceCell::new(),
+                tracks,
             }),
         }
     }
@@ -211,41 +202,25 @@ impl Client {
         &self.inner.retry
     }
 
-    /// A handle on one session. While it (or any [`Response`] of it) lives,
-    /// the shared watch tracks the session's events.
+    /// A handle on one session. Its session's events reach this client
+    /// while a [`Response`] of it is live.
     pub fn session(&self, session_id: &str) -> Result<Session, ClientError> {
         let id = SessionId::parse(session_id).map_err(|e| ClientError::invalid("session_id", e))?;
         let guard = self.inner.tracks.track(id.as_str());
         Ok(Session::new(self.clone(), id, guard))
     }
 
-    /// How the shared watch is doing (None before the first Start).
-    pub fn watch_status(&self) -> Option<WatchStatus> {
-        self.inner.watcher.get().map(watcher::Handle::status)
+    /// How this client's session watches are doing.
+    pub fn watch_status(&self) -> WatchStatus {
+        self.inner.watches.status()
     }
 
-    /// Starts the shared watch if it is not running yet, positioned before
-    /// anything this client is about to start.
-    pub(crate) async fn ensure_watcher(&self) -> Result<(), ClientError> {
-        self.inner
-            .watcher
-            .get_or_try_init(|| async {
-                // The list's seq is a position no later than now: every event
-                // of a Start sent after this is behind it on the stream.
-                let page = self.list_page(1, String::new()).await?;
-                Ok::<_, ClientError>(watcher::spawn(
-                    self.inner.watch_raw.clone(),
-                    Arc::clone(&self.inner.tracks),
-                    self.inner.retry.clone(),
-                    page.seq,
-                ))
-            })
-            .await
-            .map(|_| ())
-    }
-
-    pub(crate) fn tracks(&self) -> &watcher::Tracks {
+    pub(crate) fn tracks(&self) -> &fencing::Tracks {
         &self.inner.tracks
+    }
+
+    pub(crate) fn watches(&self) -> &watch::Watches {
+        &self.inner.watches
     }
 
     // ---- unary calls, each retried per the policy when that is safe ----

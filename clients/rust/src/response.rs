@@ -5,7 +5,7 @@ use std::{future::Future, sync::Arc};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    watcher::{Liveness, TrackGuard},
+    fencing::{Liveness, TrackGuard},
     Client, ClientError, SessionState, Source, TerminalStatus,
 };
 use respcoord_proto::{
@@ -38,8 +38,9 @@ pub enum StopReason {
     Released,
 }
 
-impl StopReason {
-    pub(crate) fn from_cancel(reason: CancelReason) -> Self {
+/// The stop a cancellation event means (clients/scenarios/rules.json).
+impl From<CancelReason> for StopReason {
+    fn from(reason: CancelReason) -> Self {
         match reason {
             CancelReason::Superseded => StopReason::Superseded,
             CancelReason::Requested => StopReason::Cancelled,
@@ -88,8 +89,7 @@ pub struct StartOptions {
     pub request_id: Option<String>,
 }
 
-/// A handle on one session. Holding it keeps the session tracked by the
-/// client's shared watch. Cheap to clone.
+/// A handle on one session. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Session {
     client: Client,
@@ -124,6 +124,14 @@ impl Session {
         options: StartOptions,
     ) -> Result<Response, ClientError> {
         let request_id = match options.request_id {
+            // Empty on the wire means "no key", which would make a retried
+            // Start a second Start: every Start this client sends has one.
+            Some(raw) if raw.is_empty() => {
+                return Err(ClientError::invalid(
+                    "request_id",
+                    "must not be empty (omit it to have one generated)",
+                ))
+            }
             Some(raw) => {
                 RequestId::parse_optional(&raw)
                     .map_err(|e| ClientError::invalid("request_id", e))?;
@@ -131,8 +139,6 @@ impl Session {
             }
             None => super::new_request_id(),
         };
-        // The watch must be positioned before the Start goes out.
-        self.client.ensure_watcher().await?;
         let reply = self
             .client
             .start_call(self.id(), source, Some(&request_id))
@@ -149,7 +155,16 @@ impl Session {
             });
         }
         let guard = self.guard.clone();
-        self.client.tracks().register(&guard, &liveness);
+        // The session's watch (if this is its only live response) replays
+        // from the reply's revision: a stop that lands before the watch
+        // opens is not missed.
+        if let Some(order) =
+            self.client
+                .tracks()
+                .register(&guard, &liveness, state.revision, !reply.replayed)
+        {
+            self.client.watches().open(order);
+        }
         Ok(Response {
             client: self.client.clone(),
             session: self.id.clone(),
