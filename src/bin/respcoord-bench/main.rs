@@ -22,6 +22,10 @@
 //!   SIGTERM, rolling, SIGKILL); failed attempts, gaps, added latency and
 //!   the time to a new stream leader (docs/cluster.md).
 //!
+//! - `respcoord-bench gateways`: idle gateway processes of any client
+//!   language, each holding one live response, while other sessions carry
+//!   traffic at several rates: the gateways' CPU and the coordinator's.
+//!
 //! - `respcoord-bench paired`: respcoord and the empty server as processes
 //!   pinned to the same CPUs, loaded at the same time by h2load replaying
 //!   one pre-encoded request each; the ratio of their throughputs.
@@ -36,6 +40,7 @@
 
 mod cluster;
 mod failover;
+mod gateways;
 mod measure;
 mod memory;
 mod paired;
@@ -54,8 +59,8 @@ use respcoord::proto::v1::response_coordinator_client::ResponseCoordinatorClient
 use tonic::transport::Channel;
 
 use crate::{
-    cluster::ClusterArgs, failover::FailoverArgs, memory::MemoryArgs, paired::PairedArgs,
-    wire::WireArgs,
+    cluster::ClusterArgs, failover::FailoverArgs, gateways::GatewaysArgs, memory::MemoryArgs,
+    paired::PairedArgs, wire::WireArgs,
 };
 
 type Client = ResponseCoordinatorClient<Channel>;
@@ -85,6 +90,9 @@ enum Command {
     /// respcoord and the empty server pinned to the same CPUs, loaded at
     /// once by h2load (nghttp2-client), in one run.
     Paired(PairedArgs),
+    /// Idle gateway processes (any client language) against the rest of the
+    /// deployment's traffic: their CPU and the coordinator's.
+    Gateways(GatewaysArgs),
     /// The empty server alone, for `paired` (which starts it).
     #[command(hide = true)]
     EmptyServer {
@@ -106,6 +114,7 @@ fn main() -> ExitCode {
         Command::Cluster(args) => cluster::cluster(args),
         Command::Failover(args) => failover::failover(args),
         Command::Paired(args) => paired::paired(args),
+        Command::Gateways(args) => gateways::gateways(args),
         Command::EmptyServer { listen } => empty_server(listen),
     }
 }

@@ -117,7 +117,12 @@ pub fn process_cpu_of(pid: &str) -> Duration {
 /// Sum of every thread's on-CPU time in nanoseconds (schedstat), finer than
 /// clock ticks; threads that exit between two reads drop out.
 pub fn threads_cpu() -> Duration {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+    threads_cpu_of("self")
+}
+
+/// As [`threads_cpu`], of the process `pid` (a number, or `self`).
+pub fn threads_cpu_of(pid: &str) -> Duration {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Duration::ZERO;
     };
     let nanos: u64 = tasks

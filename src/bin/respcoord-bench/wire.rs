@@ -4,7 +4,7 @@
 //! itself is in `load`, the baseline in `redis`, the printed report in
 //! `report`.
 
-mod load;
+pub mod load;
 mod redis;
 mod report;
 
