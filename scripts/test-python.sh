@@ -48,7 +48,7 @@ run_pytest() { "$1/bin/python" -m pytest -p no:cacheprovider "${@:2}"; }
 "$root/target/python-venv/bin/ruff" check .
 "$root/target/python-venv/bin/mypy"
 run_pytest "$root/target/python-venv" tests -s
-run_pytest "$root/target/python-floor" tests/test_unit.py tests/test_scenarios.py
+run_pytest "$root/target/python-floor" tests/test_unit.py tests/test_rules.py tests/test_scenarios.py
 if [ -n "${RESPCOORD_TEST_NATS_URL:-}" ]; then
   RESPCOORD_TEST_BACKEND=nats run_pytest "$root/target/python-venv" tests/test_scenarios.py
 fi

@@ -163,7 +163,12 @@ export function validateSessionId(sessionId: unknown): string {
   return sessionId;
 }
 
-function validateRequestId(requestId: unknown): string {
+/**
+ * @internal Refuses a caller-given request id the coordinator would refuse,
+ * naming the field (`Session.start`; exported for the rules test, not from
+ * the package's index).
+ */
+export function validateRequestId(requestId: unknown): string {
   if (typeof requestId !== "string") throw new InvalidArgumentError("request_id", "must be a string");
   if (requestId.length === 0) {
     throw new InvalidArgumentError("request_id", "must not be empty (omit it to have one generated)");

@@ -2,7 +2,7 @@
 // for the whole call. The same rules as the Rust client's RetryPolicy.
 import { status as GrpcStatus } from "@grpc/grpc-js";
 
-import { abortError, isStatusLike, toRespcoordError, type RespcoordError } from "./errors.js";
+import { abortError, isStatusLike, toRespcoordError, type RespcoordError, type StatusLike } from "./errors.js";
 
 export interface RetryPolicy {
   /** One attempt may take this long (sent to the server as `grpc-timeout`). */
@@ -29,8 +29,8 @@ export const defaultRetryPolicy: RetryPolicy = Object.freeze({
 });
 
 /**
- * Whether a failed attempt may be tried again: the transport failed or the
- * attempt ran out of time. Answers about the request itself are final.
+ * The codes whose failed attempt may be tried again: the transport failed or
+ * the attempt ran out of time. Answers about the request itself are final.
  */
 const RETRYABLE: ReadonlySet<number> = new Set<number>([
   GrpcStatus.UNAVAILABLE,
@@ -40,8 +40,28 @@ const RETRYABLE: ReadonlySet<number> = new Set<number>([
   GrpcStatus.CANCELLED,
 ]);
 
-export function retryable(code: number): boolean {
-  return RETRYABLE.has(code);
+/**
+ * How grpc-js words the INTERNAL it makes from a stream that ended without a
+ * gRPC status because the server reset it (RST_STREAM, e.g. INTERNAL_ERROR
+ * from a replica killed mid-call) or a GOAWAY ended its connection:
+ * `Received RST_STREAM with code 2 (Internal server error)`,
+ * `Received RST_STREAM with code 0 (Call ended without gRPC status)`,
+ * `Received RST_STREAM with code 2 triggered by internal client error: Session closed with error code 2`.
+ * grpc-js keeps no other mark of it on the error (no rstCode, empty metadata).
+ */
+const TRANSPORT_RESET = /^Received RST_STREAM with code \d+/;
+
+/**
+ * Whether a failed attempt may be tried again: the transport failed or the
+ * attempt ran out of time (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED, UNKNOWN,
+ * CANCELLED). Answers about the request itself (NOT_FOUND,
+ * FAILED_PRECONDITION, INVALID_ARGUMENT, ...) are final, and so is an
+ * INTERNAL the server sent. An INTERNAL that grpc-js made from a lost stream
+ * (see TRANSPORT_RESET) is not an answer: it is retried.
+ */
+export function retryable(error: StatusLike): boolean {
+  if (error.code === (GrpcStatus.INTERNAL as number)) return TRANSPORT_RESET.test(error.details ?? "");
+  return RETRYABLE.has(error.code);
 }
 
 /** The jittered backoff before attempt `attempt + 1` (attempts count from 1). */
@@ -104,7 +124,7 @@ export async function withRetry<T>(
     }
     if (signal?.aborted) throw abortError(signal);
     const mapped: RespcoordError = toRespcoordError(failure);
-    if (!isStatusLike(failure) || !retryable(failure.code) || attempts >= Math.max(policy.maxAttempts, 1)) {
+    if (!isStatusLike(failure) || !retryable(failure) || attempts >= Math.max(policy.maxAttempts, 1)) {
       throw mapped;
     }
     const pause = backoffMs(policy, attempts);

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,11 +59,26 @@ _RETRYABLE = frozenset(
     }
 )
 
+# How grpcio words the INTERNAL it makes from a stream that ended without a
+# gRPC status because the server reset it (RST_STREAM, e.g. INTERNAL_ERROR
+# from a replica killed mid-call): "Received RST_STREAM with error code 2"
+# (grpcio 1.71), "Stream removed (RST_STREAM (Received RST_STREAM with error
+# code 2))" (newer). grpcio keeps no other mark of it on the error.
+_TRANSPORT_RESET = re.compile(
+    r"^(?:Stream removed \(RST_STREAM \()?Received RST_STREAM with error code \d+"
+)
 
-def retryable(code: grpc.StatusCode) -> bool:
+
+def retryable(error: grpc.aio.AioRpcError) -> bool:
     """Whether a failed attempt may be tried again: the transport failed or
-    the attempt ran out of time. Answers about the request itself
-    (NOT_FOUND, FAILED_PRECONDITION, INVALID_ARGUMENT, ...) are final."""
+    the attempt ran out of time (UNAVAILABLE, DEADLINE_EXCEEDED, ABORTED,
+    UNKNOWN, CANCELLED). Answers about the request itself (NOT_FOUND,
+    FAILED_PRECONDITION, INVALID_ARGUMENT, ...) are final, and so is an
+    INTERNAL the server sent. An INTERNAL that grpcio made from a lost stream
+    (the server reset it, with no gRPC status) is not an answer: retried."""
+    code = error.code()
+    if code == grpc.StatusCode.INTERNAL:
+        return _TRANSPORT_RESET.match(error.details() or "") is not None
     return code in _RETRYABLE
 
 
@@ -95,7 +111,7 @@ async def with_retry(policy: RetryPolicy, attempt: Callable[[float], Awaitable[_
             failure = error
         pause = backoff(policy, attempts)
         if (
-            not retryable(failure.code())
+            not retryable(failure)
             or (limit is not None and attempts >= limit)
             or time.monotonic() + pause >= end
         ):
