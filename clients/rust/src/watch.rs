@@ -25,6 +25,7 @@
 //! thousands of calls must not queue watches behind that limit.
 
 use std::{
+    future::Future,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
@@ -46,6 +47,79 @@ use respcoord_proto::v1::{
 
 /// Watch streams one pooled connection carries at most.
 pub const STREAMS_PER_CONNECTION: usize = 500;
+
+/// What a session watch needs from the wire: the seam the Python and
+/// TypeScript clients have too (an injected watch transport), so that the
+/// watch's reactions are tested against a scripted server.
+pub(crate) trait Transport: Send + Sync + 'static {
+    type Messages: Messages;
+
+    /// Watch(session_id, after_revision).
+    fn watch(
+        &self,
+        session: &str,
+        after_revision: u64,
+    ) -> impl Future<Output = Result<Self::Messages, Status>> + Send;
+
+    /// One GetState attempt within `timeout`.
+    fn get_state(
+        &self,
+        session: &str,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::SessionState, Status>> + Send;
+}
+
+/// An open watch stream's messages.
+pub(crate) trait Messages: Send + 'static {
+    /// The next message; `None` when the stream ended with OK.
+    fn next(&mut self) -> impl Future<Output = Result<Option<pb::WatchResponse>, Status>> + Send;
+}
+
+impl Transport for RawClient {
+    type Messages = tonic::Streaming<pb::WatchResponse>;
+
+    fn watch(
+        &self,
+        session: &str,
+        after_revision: u64,
+    ) -> impl Future<Output = Result<Self::Messages, Status>> + Send {
+        let mut raw = self.clone();
+        let request = pb::WatchRequest {
+            session_id: session.to_owned(),
+            after_revision: Some(after_revision),
+            after_seq: None,
+        };
+        async move {
+            ResponseCoordinatorClient::watch(&mut raw, Request::new(request))
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    }
+
+    fn get_state(
+        &self,
+        session: &str,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::SessionState, Status>> + Send {
+        let mut raw = self.clone();
+        let mut request = Request::new(pb::GetStateRequest {
+            session_id: session.to_owned(),
+        });
+        request.set_timeout(timeout);
+        async move {
+            let reply = ResponseCoordinatorClient::get_state(&mut raw, request)
+                .await?
+                .into_inner();
+            Ok(reply.state.unwrap_or_default())
+        }
+    }
+}
+
+impl Messages for tonic::Streaming<pb::WatchResponse> {
+    fn next(&mut self) -> impl Future<Output = Result<Option<pb::WatchResponse>, Status>> + Send {
+        self.message()
+    }
+}
 
 /// How this client's session watches are doing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -123,7 +197,7 @@ impl Watches {
         let (slot, raw) = self.acquire();
         self.cells.open.fetch_add(1, Ordering::AcqRel);
         let watch = SessionWatch {
-            raw,
+            transport: raw,
             tracks: Arc::clone(&self.tracks),
             retry: self.retry.clone(),
             cells: Arc::clone(&self.cells),
@@ -169,8 +243,8 @@ impl Watches {
     }
 }
 
-struct SessionWatch {
-    raw: RawClient,
+struct SessionWatch<T> {
+    transport: T,
     tracks: Arc<Tracks>,
     retry: RetryPolicy,
     cells: Arc<Cells>,
@@ -201,7 +275,7 @@ enum Read {
     Gone,
 }
 
-impl SessionWatch {
+impl<T: Transport> SessionWatch<T> {
     async fn run(mut self, stop: CancellationToken) {
         let mut failures = 0u32;
         loop {
@@ -265,14 +339,9 @@ impl SessionWatch {
     /// Opens the session's watch from the position and applies it until it
     /// ends.
     async fn follow(&mut self) -> Ended {
-        let request = pb::WatchRequest {
-            session_id: self.session.clone(),
-            after_revision: Some(self.position),
-            after_seq: None,
-        };
         let reread = |progressed, status| Ended::Reread { progressed, status };
-        let mut stream = match self.raw.watch(Request::new(request)).await {
-            Ok(response) => response.into_inner(),
+        let mut stream = match self.transport.watch(&self.session, self.position).await {
+            Ok(stream) => stream,
             Err(status) => return reread(false, Some(status)),
         };
         self.cells.opened.fetch_add(1, Ordering::AcqRel);
@@ -280,16 +349,14 @@ impl SessionWatch {
         loop {
             let message = match self.expect_started {
                 // The proof must come at once: it is replayed history.
-                Some(_) => {
-                    match tokio::time::timeout(self.check_within(), stream.message()).await {
-                        Ok(message) => message,
-                        Err(_) => {
-                            self.expect_started = None;
-                            return reread(progressed, None);
-                        }
+                Some(_) => match tokio::time::timeout(self.check_within(), stream.next()).await {
+                    Ok(message) => message,
+                    Err(_) => {
+                        self.expect_started = None;
+                        return reread(progressed, None);
                     }
-                }
-                None => stream.message().await,
+                },
+                None => stream.next().await,
             };
             match message {
                 Ok(Some(message)) => {
@@ -322,24 +389,11 @@ impl SessionWatch {
     async fn reread(&mut self) -> Result<Read, Status> {
         self.cells.rereads.fetch_add(1, Ordering::AcqRel);
         let ticket = self.tracks.ticket();
-        let request = pb::GetStateRequest {
-            session_id: self.session.clone(),
-        };
-        let raw = &self.raw;
-        let answer = super::retry::run(&self.retry, |timeout| {
-            let mut request = Request::new(request.clone());
-            request.set_timeout(timeout);
-            let mut raw = raw.clone();
-            async move {
-                raw.get_state(request)
-                    .await
-                    .map(tonic::Response::into_inner)
-            }
-        })
-        .await;
+        let (transport, session) = (&self.transport, self.session.as_str());
+        let answer =
+            super::retry::run(&self.retry, |timeout| transport.get_state(session, timeout)).await;
         match answer {
-            Ok((reply, _)) => {
-                let state = reply.state.unwrap_or_default();
+            Ok((state, _)) => {
                 if state.revision < self.position {
                     // Revisions start again at 1 when a session is
                     // recreated: this is not the session we watched.
@@ -363,4 +417,296 @@ fn starts_with(events: &[pb::LifecycleEvent], response: u64, revision: u64) -> b
         event.revision == revision
             && matches!(&event.kind, Some(Kind::Started(s)) if s.response_id == response)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::*;
+    use crate::{fencing::Liveness, StopReason};
+
+    /// How a scripted stream goes on once its messages are delivered.
+    enum Then {
+        /// Stays open, silent.
+        Hang,
+        /// Fails with this status.
+        Fail(Status),
+    }
+
+    struct Scripted {
+        messages: VecDeque<pb::WatchResponse>,
+        then: Option<Then>,
+    }
+
+    impl Messages for Scripted {
+        fn next(
+            &mut self,
+        ) -> impl Future<Output = Result<Option<pb::WatchResponse>, Status>> + Send {
+            let next = match self.messages.pop_front() {
+                Some(message) => Some(Ok(Some(message))),
+                None => match self.then.take() {
+                    Some(Then::Fail(status)) => Some(Err(status)),
+                    Some(Then::Hang) | None => None,
+                },
+            };
+            async move {
+                match next {
+                    Some(next) => next,
+                    None => std::future::pending().await,
+                }
+            }
+        }
+    }
+
+    /// A scripted server: each Watch takes the next stream, each GetState
+    /// the next answer (a call past the script waits forever); every call
+    /// is recorded.
+    #[derive(Default)]
+    struct Script {
+        watches: Mutex<VecDeque<(Vec<pb::WatchResponse>, Then)>>,
+        states: Mutex<VecDeque<Result<pb::SessionState, Status>>>,
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl Script {
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().unwrap().clone()
+        }
+    }
+
+    impl Transport for Arc<Script> {
+        type Messages = Scripted;
+
+        fn watch(
+            &self,
+            _session: &str,
+            after_revision: u64,
+        ) -> impl Future<Output = Result<Scripted, Status>> + Send {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("watch {after_revision}"));
+            let next = self.watches.lock().unwrap().pop_front();
+            async move {
+                match next {
+                    Some((messages, then)) => Ok(Scripted {
+                        messages: messages.into(),
+                        then: Some(then),
+                    }),
+                    None => std::future::pending().await,
+                }
+            }
+        }
+
+        fn get_state(
+            &self,
+            _session: &str,
+            _timeout: Duration,
+        ) -> impl Future<Output = Result<pb::SessionState, Status>> + Send {
+            self.calls.lock().unwrap().push("get_state".into());
+            let next = self.states.lock().unwrap().pop_front();
+            async move {
+                match next {
+                    Some(answer) => answer,
+                    None => std::future::pending().await,
+                }
+            }
+        }
+    }
+
+    fn message(events: Vec<pb::LifecycleEvent>) -> pb::WatchResponse {
+        pb::WatchResponse {
+            events,
+            progress_seq: 0,
+        }
+    }
+
+    fn event(revision: u64, kind: Kind) -> pb::LifecycleEvent {
+        pb::LifecycleEvent {
+            session_id: "s".into(),
+            revision,
+            seq: revision,
+            unix_nanos: 0,
+            kind: Some(kind),
+        }
+    }
+
+    fn started(id: u64) -> Kind {
+        Kind::Started(pb::ResponseStarted {
+            response_id: id,
+            source: pb::Source::Client.into(),
+        })
+    }
+
+    fn cancelled(id: u64, reason: pb::CancelReason) -> Kind {
+        Kind::CancelRequested(pb::ResponseCancelRequested {
+            response_id: id,
+            reason: reason.into(),
+        })
+    }
+
+    fn active(id: u64, revision: u64) -> pb::SessionState {
+        pb::SessionState {
+            session_id: "s".into(),
+            phase: pb::Phase::Active.into(),
+            active_response_id: id,
+            revision,
+            ..Default::default()
+        }
+    }
+
+    /// Response 10, whose Start reply carried revision 5, and its session's
+    /// watch running against `script`.
+    struct Running {
+        response: Arc<Liveness>,
+        stop: CancellationToken,
+        cells: Arc<Cells>,
+        _guard: crate::fencing::TrackGuard,
+    }
+
+    fn run(script: &Arc<Script>) -> Running {
+        let tracks = Arc::new(Tracks::default());
+        let guard = tracks.track("s");
+        let response = Liveness::new(10);
+        let order = tracks
+            .register(&guard, &response, 5, true)
+            .expect("the first response opens the watch");
+        let cells = Arc::new(Cells::default());
+        let watch = SessionWatch {
+            transport: Arc::clone(script),
+            tracks,
+            retry: RetryPolicy::default(),
+            cells: Arc::clone(&cells),
+            session: "s".into(),
+            position: order.after_revision,
+            expect_started: order.expect_started,
+        };
+        let stop = order.stop.clone();
+        tokio::spawn(watch.run(order.stop));
+        Running {
+            response,
+            stop,
+            cells,
+            _guard: guard,
+        }
+    }
+
+    async fn stopped(response: &Liveness) -> StopReason {
+        tokio::time::timeout(Duration::from_secs(600), response.token().cancelled())
+            .await
+            .expect("stopped");
+        response.reason().expect("a reason")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_replayed_after_the_proof_of_the_start_stops_the_response() {
+        let script = Arc::new(Script::default());
+        script.watches.lock().unwrap().push_back((
+            vec![
+                message(vec![event(5, started(10))]),
+                message(vec![
+                    event(6, cancelled(10, pb::CancelReason::Superseded)),
+                    event(8, started(11)),
+                ]),
+            ],
+            Then::Hang,
+        ));
+        let running = run(&script);
+        assert_eq!(stopped(&running.response).await, StopReason::Superseded);
+        assert!(
+            running.stop.is_cancelled(),
+            "nothing live: the watch closed"
+        );
+        assert_eq!(
+            script.calls(),
+            ["watch 4"],
+            "replayed from just below the reply"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_event_that_is_not_the_start_means_a_recreated_session() {
+        let script = Arc::new(Script::default());
+        script
+            .watches
+            .lock()
+            .unwrap()
+            .push_back((vec![message(vec![event(5, started(3))])], Then::Hang));
+        // Revision 2: below the watch's position, a new session of that id.
+        script.states.lock().unwrap().push_back(Ok(active(12, 2)));
+        let running = run(&script);
+        assert_eq!(stopped(&running.response).await, StopReason::Gone);
+        assert_eq!(script.calls(), ["watch 4", "get_state"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_not_found_after_a_break_is_gone() {
+        let script = Arc::new(Script::default());
+        script.watches.lock().unwrap().push_back((
+            vec![message(vec![event(5, started(10))])],
+            Then::Fail(Status::unavailable("connection reset")),
+        ));
+        script
+            .states
+            .lock()
+            .unwrap()
+            .push_back(Err(Status::not_found("no session s")));
+        let running = run(&script);
+        assert_eq!(stopped(&running.response).await, StopReason::Gone);
+        assert_eq!(script.calls(), ["watch 4", "get_state"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broken_stream_resumes_from_the_state_it_read() {
+        let script = Arc::new(Script::default());
+        script.watches.lock().unwrap().extend([
+            (
+                vec![message(vec![event(5, started(10))])],
+                Then::Fail(Status::unavailable("connection reset")),
+            ),
+            (
+                vec![message(vec![event(
+                    7,
+                    cancelled(10, pb::CancelReason::Requested),
+                )])],
+                Then::Hang,
+            ),
+        ]);
+        script.states.lock().unwrap().push_back(Ok(active(10, 6)));
+        let running = run(&script);
+        assert_eq!(stopped(&running.response).await, StopReason::Cancelled);
+        assert_eq!(script.calls(), ["watch 4", "get_state", "watch 6"]);
+        let load = |cell: &AtomicU64| cell.load(Ordering::Acquire);
+        let cells = &running.cells;
+        assert_eq!(
+            (
+                load(&cells.opened),
+                load(&cells.reconnects),
+                load(&cells.rereads)
+            ),
+            (2, 1, 1)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_proof_within_the_attempt_timeout_is_checked_by_a_state_read() {
+        let script = Arc::new(Script::default());
+        script
+            .watches
+            .lock()
+            .unwrap()
+            .extend([(vec![], Then::Hang), (vec![], Then::Hang)]);
+        script.states.lock().unwrap().push_back(Ok(active(10, 5)));
+        let running = run(&script);
+        tokio::time::timeout(Duration::from_secs(600), async {
+            while script.calls().len() < 3 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("a state read and a new stream");
+        assert_eq!(script.calls(), ["watch 4", "get_state", "watch 5"]);
+        assert!(running.response.is_current(), "the state shows it active");
+    }
 }
