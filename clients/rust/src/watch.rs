@@ -287,6 +287,9 @@ impl<T: Transport> SessionWatch<T> {
             let Ended::Reread { progressed, status } = ended else {
                 return;
             };
+            // The state read settles what the proof would have: the next
+            // stream starts at the state's revision, past the Start.
+            self.expect_started = None;
             if progressed {
                 failures = 0;
             }
@@ -459,17 +462,30 @@ mod tests {
         }
     }
 
+    /// What the next Watch call does: open and deliver, then go on so; or fail.
+    type Opened = Result<(Vec<pb::WatchResponse>, Then), Status>;
+
     /// A scripted server: each Watch takes the next stream, each GetState
     /// the next answer (a call past the script waits forever); every call
     /// is recorded.
     #[derive(Default)]
     struct Script {
-        watches: Mutex<VecDeque<(Vec<pb::WatchResponse>, Then)>>,
+        watches: Mutex<VecDeque<Opened>>,
         states: Mutex<VecDeque<Result<pb::SessionState, Status>>>,
         calls: Mutex<Vec<String>>,
     }
 
     impl Script {
+        /// The next Watch opens and delivers `messages`, then `then`.
+        fn stream(&self, messages: Vec<pb::WatchResponse>, then: Then) {
+            self.watches.lock().unwrap().push_back(Ok((messages, then)));
+        }
+
+        /// The next Watch fails to open.
+        fn refuse(&self, status: Status) {
+            self.watches.lock().unwrap().push_back(Err(status));
+        }
+
         fn calls(&self) -> Vec<String> {
             self.calls.lock().unwrap().clone()
         }
@@ -490,10 +506,11 @@ mod tests {
             let next = self.watches.lock().unwrap().pop_front();
             async move {
                 match next {
-                    Some((messages, then)) => Ok(Scripted {
+                    Some(Ok((messages, then))) => Ok(Scripted {
                         messages: messages.into(),
                         then: Some(then),
                     }),
+                    Some(Err(status)) => Err(status),
                     None => std::future::pending().await,
                 }
             }
@@ -602,7 +619,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stop_replayed_after_the_proof_of_the_start_stops_the_response() {
         let script = Arc::new(Script::default());
-        script.watches.lock().unwrap().push_back((
+        script.stream(
             vec![
                 message(vec![event(5, started(10))]),
                 message(vec![
@@ -611,7 +628,7 @@ mod tests {
                 ]),
             ],
             Then::Hang,
-        ));
+        );
         let running = run(&script);
         assert_eq!(stopped(&running.response).await, StopReason::Superseded);
         assert!(
@@ -628,11 +645,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_first_event_that_is_not_the_start_means_a_recreated_session() {
         let script = Arc::new(Script::default());
-        script
-            .watches
-            .lock()
-            .unwrap()
-            .push_back((vec![message(vec![event(5, started(3))])], Then::Hang));
+        script.stream(vec![message(vec![event(5, started(3))])], Then::Hang);
         // Revision 2: below the watch's position, a new session of that id.
         script.states.lock().unwrap().push_back(Ok(active(12, 2)));
         let running = run(&script);
@@ -643,10 +656,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_session_not_found_after_a_break_is_gone() {
         let script = Arc::new(Script::default());
-        script.watches.lock().unwrap().push_back((
+        script.stream(
             vec![message(vec![event(5, started(10))])],
             Then::Fail(Status::unavailable("connection reset")),
-        ));
+        );
         script
             .states
             .lock()
@@ -660,19 +673,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_broken_stream_resumes_from_the_state_it_read() {
         let script = Arc::new(Script::default());
-        script.watches.lock().unwrap().extend([
-            (
-                vec![message(vec![event(5, started(10))])],
-                Then::Fail(Status::unavailable("connection reset")),
-            ),
-            (
-                vec![message(vec![event(
-                    7,
-                    cancelled(10, pb::CancelReason::Requested),
-                )])],
-                Then::Hang,
-            ),
-        ]);
+        script.stream(
+            vec![message(vec![event(5, started(10))])],
+            Then::Fail(Status::unavailable("connection reset")),
+        );
+        script.stream(
+            vec![message(vec![event(
+                7,
+                cancelled(10, pb::CancelReason::Requested),
+            )])],
+            Then::Hang,
+        );
         script.states.lock().unwrap().push_back(Ok(active(10, 6)));
         let running = run(&script);
         assert_eq!(stopped(&running.response).await, StopReason::Cancelled);
@@ -692,11 +703,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn no_proof_within_the_attempt_timeout_is_checked_by_a_state_read() {
         let script = Arc::new(Script::default());
-        script
-            .watches
-            .lock()
-            .unwrap()
-            .extend([(vec![], Then::Hang), (vec![], Then::Hang)]);
+        script.stream(vec![], Then::Hang);
+        script.stream(vec![], Then::Hang);
         script.states.lock().unwrap().push_back(Ok(active(10, 5)));
         let running = run(&script);
         tokio::time::timeout(Duration::from_secs(600), async {
@@ -708,5 +716,24 @@ mod tests {
         .expect("a state read and a new stream");
         assert_eq!(script.calls(), ["watch 4", "get_state", "watch 5"]);
         assert!(running.response.is_current(), "the state shows it active");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_failed_to_open_resumes_from_the_state_without_waiting_for_a_proof() {
+        let script = Arc::new(Script::default());
+        script.refuse(Status::unavailable("no connection yet"));
+        script.states.lock().unwrap().push_back(Ok(active(10, 7)));
+        script.stream(
+            vec![message(vec![event(
+                8,
+                cancelled(10, pb::CancelReason::Requested),
+            )])],
+            Then::Hang,
+        );
+        let running = run(&script);
+        assert_eq!(stopped(&running.response).await, StopReason::Cancelled);
+        // One read: the stream from the state's revision is not held to the
+        // Start's proof (it starts past the Start).
+        assert_eq!(script.calls(), ["watch 4", "get_state", "watch 7"]);
     }
 }
