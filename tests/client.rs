@@ -96,6 +96,18 @@ const SCENARIOS: &[(&str, &str)] = &[
         "mutual_tls_and_a_scoped_token_work_for_the_library_and_the_cli",
     ),
     ("cancel_propagation_latency", "cancel_propagation_latency"),
+    (
+        "session_watch_follows_live_responses",
+        "a_client_watches_a_session_only_while_it_has_a_live_response_there",
+    ),
+    (
+        "stop_between_start_reply_and_watch",
+        "a_stop_between_a_start_reply_and_its_watch_is_not_missed",
+    ),
+    (
+        "hundreds_of_sessions_on_one_client",
+        "hundreds_of_sessions_on_one_client_each_get_their_stop",
+    ),
 ];
 
 fn shared_scenarios() -> Vec<serde_json::Value> {
@@ -624,7 +636,9 @@ async fn a_stop_between_a_start_reply_and_its_watch_is_not_missed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundreds_of_sessions_on_one_client_each_get_their_stop() {
-    let sessions = 300;
+    let sessions = scenario_params("hundreds_of_sessions_on_one_client")["sessions"]
+        .as_u64()
+        .expect("sessions") as usize;
     let coordinator = Coordinator::serve(None, None).await;
     let a = connect(&coordinator.endpoint()).await;
     let b = connect(&coordinator.endpoint()).await;

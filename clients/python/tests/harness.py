@@ -126,6 +126,18 @@ class Fixture:
     async def cut(self) -> None:
         await self._control("POST", "/cut")
 
+    async def hold_next_watch(self) -> None:
+        """The next Watch call waits, before the server sees it, until
+        :meth:`release_watches`."""
+        await self._control("POST", "/hold-next-watch")
+
+    async def held_watches(self) -> int:
+        count: int = json.loads(await self._control("GET", "/held-watches"))["count"]
+        return count
+
+    async def release_watches(self) -> None:
+        await self._control("POST", "/release-watches")
+
     async def stop(self) -> None:
         if self._process.returncode is None:
             assert self._process.stdin is not None

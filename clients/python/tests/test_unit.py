@@ -1,11 +1,16 @@
 """The pure parts: the fencing table, the error mapping, retries and
-validation; and the local API rules against a real fixture."""
+validation; the session watch against a scripted server; and the local API
+rules against a real fixture."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import pytest
@@ -14,107 +19,179 @@ from harness import free_port, within
 
 import respcoord
 from respcoord import _retry
+from respcoord._fencing import Liveness, Tracks, WatchOrder
 from respcoord._retry import RetryPolicy, backoff, with_retry
-from respcoord._watcher import Liveness, Tracks
+from respcoord._watch import Watches
 from respcoord.v1 import coordinator_pb2 as pb
 
 
-def started(session: str, seq: int, response_id: int) -> pb.LifecycleEvent:
-    return pb.LifecycleEvent(
-        session_id=session, seq=seq, started=pb.ResponseStarted(response_id=response_id)
+def event(session: str, revision: int, **kind: Any) -> pb.LifecycleEvent:
+    return pb.LifecycleEvent(session_id=session, revision=revision, seq=revision, **kind)
+
+
+def started(response_id: int) -> dict[str, Any]:
+    return {"started": pb.ResponseStarted(response_id=response_id, source=pb.SOURCE_CLIENT)}
+
+
+def cancel_requested(response_id: int, reason: pb.CancelReason.ValueType) -> dict[str, Any]:
+    return {"cancel_requested": pb.ResponseCancelRequested(response_id=response_id, reason=reason)}
+
+
+def terminated(reason: pb.CancelReason.ValueType) -> dict[str, Any]:
+    return {"terminated": pb.SessionTerminated(reason=reason)}
+
+
+def state(session: str, phase: pb.Phase.ValueType, active: int, revision: int) -> pb.SessionState:
+    return pb.SessionState(
+        session_id=session, phase=phase, active_response_id=active, revision=revision
     )
 
 
-def cancel_requested(session: str, seq: int, response_id: int, reason: int) -> pb.LifecycleEvent:
-    return pb.LifecycleEvent(
-        session_id=session,
-        seq=seq,
-        cancel_requested=pb.ResponseCancelRequested(response_id=response_id, reason=reason),  # type: ignore[arg-type]
-    )
+def order_of(order: WatchOrder | None) -> WatchOrder:
+    assert order is not None, "a watch order"
+    return order
 
 
-def terminated(session: str, seq: int) -> pb.LifecycleEvent:
-    return pb.LifecycleEvent(
-        session_id=session,
-        seq=seq,
-        terminated=pb.SessionTerminated(reason=pb.CANCEL_REASON_SHUTDOWN),
-    )
+def fired(order: WatchOrder) -> bool:
+    """Whether the order's watch was told to stop."""
+    return order.stop.fired
 
 
 class TestFencingTable:
-    def test_a_supersede_stops_the_old_response_and_not_the_new_one(self) -> None:
+    """The cases of clients/rust/src/fencing.rs's tests."""
+
+    def test_the_first_response_opens_the_watch_from_its_start_and_the_last_closes_it(
+        self,
+    ) -> None:
         tracks = Tracks()
         ref = tracks.track("s")
-        old, new = Liveness(10), Liveness(11)
-        tracks.register(ref, old)
-        tracks.register(ref, new)
-        assert tracks.apply([started("s", 5, 11)]) == 5
+        assert not tracks.watched("s"), "a tracked session alone watches nothing"
+        first = Liveness(10)
+        order = order_of(tracks.register(ref, first, 7, True))
+        assert (order.session, order.after_revision, order.expect_started) == ("s", 6, 10), (
+            "replays the response's own start"
+        )
+        second = Liveness(11)
+        assert tracks.register(ref, second, 9, True) is None, "one watch a session"
+        tracks.unregister(ref, first)
+        assert not fired(order)
+        tracks.apply([event("s", 10, **started(12))])
+        assert second.reason is respcoord.StopReason.SUPERSEDED
+        assert fired(order), "no live response left: the watch closes"
+        replayed = Liveness(20)
+        order = order_of(tracks.register(ref, replayed, 30, False))
+        assert (order.after_revision, order.expect_started) == (30, None)
+        ref.release()
+        assert order.stop.fired, "the track went with its last reference"
+
+    def test_supersede_stops_the_old_response_and_not_the_new_one(self) -> None:
+        tracks = Tracks()
+        ref = tracks.track("s")
+        old = Liveness(10)
+        tracks.register(ref, old, 1, True)
+        tracks.apply(
+            [
+                event("s", 1, **started(10)),
+                event("s", 2, **cancel_requested(10, pb.CANCEL_REASON_SUPERSEDED)),
+                event("s", 4, **started(20)),
+            ]
+        )
         assert old.reason is respcoord.StopReason.SUPERSEDED
+        # The new response registers after the watch saw its own start.
+        new = Liveness(20)
+        tracks.register(ref, new, 4, True)
         assert new.is_current()
-        tracks.apply([cancel_requested("s", 6, 11, pb.CANCEL_REASON_REQUESTED)])
-        assert new.reason is respcoord.StopReason.CANCELLED
+        assert tracks.dead_through("s") == 19
 
     def test_a_response_registered_after_its_stop_was_seen_is_stopped_at_once(self) -> None:
         tracks = Tracks()
         ref = tracks.track("s")
-        tracks.apply([started("s", 1, 8)])
-        late = Liveness(7)
-        tracks.register(ref, late)
-        assert late.reason is respcoord.StopReason.SUPERSEDED
+        other = Liveness(1)
+        tracks.register(ref, other, 1, True)
+        tracks.apply([event("s", 3, **cancel_requested(30, pb.CANCEL_REASON_REQUESTED))])
+        late = Liveness(30)
+        assert tracks.register(ref, late, 2, True) is None
+        assert late.reason is respcoord.StopReason.CANCELLED
 
-    def test_dead_through_only_rises(self) -> None:
-        tracks = Tracks()
-        tracks.track("s")
-        tracks.apply([started("s", 2, 20)])
-        tracks.apply([started("s", 1, 5)])
-        assert tracks.dead_through("s") == 19
-
-    def test_termination_is_fenced_at_its_seq_so_a_reborn_session_lives(self) -> None:
+    def test_termination_stops_every_response_and_a_reborn_session_lives(self) -> None:
         tracks = Tracks()
         ref = tracks.track("s")
-        old = Liveness(3)
-        tracks.register(ref, old)
-        tracks.apply([terminated("s", 40)])
-        assert old.reason is respcoord.StopReason.SHUTDOWN
-        reborn = Liveness(41)
-        tracks.register(ref, reborn)
+        a = Liveness(5)
+        tracks.register(ref, a, 1, True)
+        tracks.apply([event("s", 2, **terminated(pb.CANCEL_REASON_EXPIRED))])
+        assert a.reason is respcoord.StopReason.EXPIRED
+        reborn = Liveness(100)
+        tracks.register(ref, reborn, 1, True)
         assert reborn.is_current()
 
-    def test_untracked_sessions_are_ignored_and_a_track_goes_with_its_last_reference(
-        self,
-    ) -> None:
+    def test_untracked_sessions_are_ignored_and_tracks_go_with_their_references(self) -> None:
         tracks = Tracks()
         first, second = tracks.track("s"), tracks.track("s")
-        tracks.apply([started("other", 1, 100)])
+        tracks.apply([event("other", 3, **started(3))])
         assert tracks.dead_through("other") is None
         first.release()
         first.release()
-        assert len(tracks) == 1
+        assert tracks.dead_through("s") is not None
         second.release()
+        assert tracks.dead_through("s") is None
         assert len(tracks) == 0
 
-    def test_a_relist_raises_from_listed_states_and_from_absence(self) -> None:
+    def test_a_state_read_stops_what_it_covered_and_spares_later_starts(self) -> None:
         tracks = Tracks()
-        active, idle, gone = tracks.track("active"), tracks.track("idle"), tracks.track("gone")
-        responses = {name: Liveness(5) for name in ("active", "idle", "gone")}
-        for ref in (active, idle, gone):
-            tracks.register(ref, responses[ref.session])
-        epoch = tracks.begin_relist()
-        late = tracks.track("late")  # made after the re-list began: not judged absent
-        seen: set[str] = set()
-        tracks.apply_listed(
-            50,
+        ref = tracks.track("s")
+        old, active = Liveness(5), Liveness(6)
+        tracks.register(ref, old, 1, True)
+        tracks.register(ref, active, 3, True)
+        ticket = tracks.ticket()
+        # Registered while the read was on its way: the read cannot judge it.
+        later = Liveness(9)
+        tracks.register(ref, later, 9, True)
+        tracks.apply_state(state("s", pb.PHASE_ACTIVE, 6, 4), ticket)
+        assert old.reason is respcoord.StopReason.SUPERSEDED
+        assert active.is_current(), "the active response lives on"
+        assert later.is_current()
+        tracks.apply_state(state("s", pb.PHASE_IDLE, 0, 8), ticket)
+        assert active.reason is respcoord.StopReason.GONE
+        assert later.is_current(), "started after the read was sent"
+
+    def test_a_session_gone_or_recreated_stops_the_responses_the_read_covered(self) -> None:
+        tracks = Tracks()
+        ref = tracks.track("s")
+        lost = Liveness(5)
+        order = order_of(tracks.register(ref, lost, 3, True))
+        tracks.apply_gone("s", tracks.ticket())
+        assert lost.reason is respcoord.StopReason.GONE
+        assert order.stop.fired
+        ended = Liveness(7)
+        tracks.register(ref, ended, 1, True)
+        tracks.apply_state(state("s", pb.PHASE_TERMINATED, 0, 2), tracks.ticket())
+        assert ended.reason is respcoord.StopReason.SHUTDOWN
+
+    def test_the_table_is_settled_before_a_stop_callback_runs(self) -> None:
+        """A callback that releases the track (as a response's handle does
+        when it stops) finds the watch already closed and the rest of the
+        events still applied."""
+        tracks = Tracks()
+        ref = tracks.track("s")
+        response = Liveness(4)
+        order = order_of(tracks.register(ref, response, 2, True))
+        seen: list[bool] = []
+
+        def untrack(_: respcoord.StopReason) -> None:
+            seen.append(order.stop.fired)
+            tracks.unregister(ref, response)
+            ref.release()
+
+        response.on_stop(untrack)
+        tracks.apply(
             [
-                pb.SessionState(session_id="active", phase=pb.PHASE_ACTIVE, active_response_id=9),
-                pb.SessionState(session_id="idle", phase=pb.PHASE_IDLE),
-            ],
-            seen,
+                event("s", 3, **cancel_requested(4, pb.CANCEL_REASON_REQUESTED)),
+                event("s", 4, **started(5)),
+            ]
         )
-        tracks.apply_absent(epoch, 50, seen)
-        assert responses["active"].reason is respcoord.StopReason.SUPERSEDED
-        assert responses["idle"].reason is respcoord.StopReason.GONE
-        assert responses["gone"].reason is respcoord.StopReason.GONE
-        assert tracks.dead_through(late.session) == 0
+        assert response.reason is respcoord.StopReason.CANCELLED
+        assert seen == [True]
+        assert len(tracks) == 0
 
     def test_a_stop_callback_runs_once_in_the_stopping_step(self) -> None:
         liveness = Liveness(1)
@@ -130,6 +207,207 @@ class TestFencingTable:
         late: list[respcoord.StopReason] = []
         liveness.on_stop(late.append)
         assert late == [respcoord.StopReason.CANCELLED]
+
+
+class ScriptedCall:
+    """A scripted Watch stream: its messages, then a failure with ``then``
+    (a status code) or, for None, silence."""
+
+    def __init__(self, messages: list[pb.WatchResponse], then: grpc.StatusCode | None) -> None:
+        self._messages = messages
+        self._then = then
+        self.cancelled = False
+
+    async def initial_metadata(self) -> None:
+        return None
+
+    def done(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+    def __aiter__(self) -> AsyncIterator[pb.WatchResponse]:
+        return self._stream()
+
+    async def _stream(self) -> AsyncIterator[pb.WatchResponse]:
+        for message in self._messages:
+            yield message
+        if self._then is None:
+            await asyncio.Event().wait()
+        else:
+            raise FakeRpcError(self._then)
+
+
+class HeldCall(ScriptedCall):
+    """A Watch the server never answers."""
+
+    def __init__(self) -> None:
+        super().__init__([], None)
+
+    async def initial_metadata(self) -> None:
+        await asyncio.Event().wait()
+
+
+class Script:
+    """A scripted server: each Watch takes the next stream, each GetState
+    the next answer (a call past the script waits forever); every call is
+    recorded."""
+
+    def __init__(self) -> None:
+        self.watches: deque[ScriptedCall] = deque()
+        self.states: deque[pb.SessionState | respcoord.RespcoordError] = deque()
+        self.calls: list[str] = []
+        self.connections = 0
+
+    def connect(self) -> Script:
+        self.connections += 1
+        return self
+
+    def open_watch(self, session_id: str, after_revision: int) -> ScriptedCall:
+        self.calls.append(f"watch {after_revision}")
+        return self.watches.popleft() if self.watches else HeldCall()
+
+    async def get_state(self, session_id: str) -> pb.SessionState:
+        self.calls.append("get_state")
+        if not self.states:
+            await asyncio.Event().wait()
+        answer = self.states.popleft()
+        if isinstance(answer, respcoord.RespcoordError):
+            raise answer
+        return answer
+
+    async def close(self) -> None:
+        return None
+
+
+def message(*events: pb.LifecycleEvent) -> pb.WatchResponse:
+    return pb.WatchResponse(events=events)
+
+
+def active(response_id: int, revision: int) -> pb.SessionState:
+    return state("s", pb.PHASE_ACTIVE, response_id, revision)
+
+
+class Running:
+    """Response 10, whose Start reply carried revision 5, and its session's
+    watch running against a script."""
+
+    def __init__(self, script: Script, retry: RetryPolicy | None = None) -> None:
+        self.tracks = Tracks()
+        self.ref = self.tracks.track("s")
+        self.response = Liveness(10)
+        self.order = order_of(self.tracks.register(self.ref, self.response, 5, True))
+        self.watches = Watches(script.connect, self.tracks, retry or RetryPolicy())
+        self.watches.open(self.order)
+
+    async def stopped(self) -> respcoord.StopReason:
+        return await within("the response stops", self.response.stopped())
+
+
+class TestSessionWatch:
+    """The session watch against a scripted server: the cases of
+    clients/rust/src/watch.rs's tests."""
+
+    async def test_a_stop_replayed_after_the_proof_of_the_start_stops_the_response(self) -> None:
+        script = Script()
+        script.watches.append(
+            ScriptedCall(
+                [
+                    message(event("s", 5, **started(10))),
+                    message(
+                        event("s", 6, **cancel_requested(10, pb.CANCEL_REASON_SUPERSEDED)),
+                        event("s", 8, **started(11)),
+                    ),
+                ],
+                None,
+            )
+        )
+        running = Running(script)
+        assert await running.stopped() is respcoord.StopReason.SUPERSEDED
+        assert running.order.stop.fired, "nothing live: the watch closed"
+        await until("the watch ends", lambda: running.watches.status().open == 0)
+        assert script.calls == ["watch 4"], "replayed from just below the reply"
+        await running.watches.close()
+
+    async def test_a_first_event_that_is_not_the_start_means_a_recreated_session(self) -> None:
+        script = Script()
+        script.watches.append(ScriptedCall([message(event("s", 5, **started(3)))], None))
+        # Revision 2: below the watch's position, a new session of that id.
+        script.states.append(active(12, 2))
+        running = Running(script)
+        assert await running.stopped() is respcoord.StopReason.GONE
+        assert script.calls == ["watch 4", "get_state"]
+        await running.watches.close()
+
+    async def test_a_session_not_found_after_a_break_is_gone(self) -> None:
+        script = Script()
+        script.watches.append(
+            ScriptedCall([message(event("s", 5, **started(10)))], grpc.StatusCode.UNAVAILABLE)
+        )
+        script.states.append(respcoord.error_from_status(grpc.StatusCode.NOT_FOUND, "no session s"))
+        running = Running(script)
+        assert await running.stopped() is respcoord.StopReason.GONE
+        assert script.calls == ["watch 4", "get_state"]
+        await running.watches.close()
+
+    async def test_a_broken_stream_resumes_from_the_state_it_read(self) -> None:
+        script = Script()
+        script.watches.extend(
+            [
+                ScriptedCall([message(event("s", 5, **started(10)))], grpc.StatusCode.UNAVAILABLE),
+                ScriptedCall(
+                    [message(event("s", 7, **cancel_requested(10, pb.CANCEL_REASON_REQUESTED)))],
+                    None,
+                ),
+            ]
+        )
+        script.states.append(active(10, 6))
+        running = Running(script)
+        assert await running.stopped() is respcoord.StopReason.CANCELLED
+        assert script.calls == ["watch 4", "get_state", "watch 6"]
+        await until("the watch ends", lambda: running.watches.status().open == 0)
+        assert running.watches.status() == respcoord.WatchStatus(
+            open=0, opened=2, reconnects=1, rereads=1, connections=1
+        )
+        await running.watches.close()
+
+    async def test_no_proof_within_the_attempt_timeout_is_checked_by_a_state_read(self) -> None:
+        script = Script()
+        script.watches.extend([ScriptedCall([], None), ScriptedCall([], None)])
+        script.states.append(active(10, 5))
+        running = Running(script, RetryPolicy(attempt_timeout=0.05))
+        await until("a state read and a new stream", lambda: len(script.calls) >= 3)
+        assert script.calls == ["watch 4", "get_state", "watch 5"]
+        assert running.response.is_current(), "the state shows it active"
+        await running.watches.close()
+        assert running.watches.status().open == 0
+
+    async def test_the_pool_adds_a_connection_when_every_one_is_full(self) -> None:
+        script = Script()
+        tracks = Tracks()
+        watches = Watches(script.connect, tracks, RetryPolicy())
+        refs = [tracks.track(f"s{i}") for i in range(respcoord.STREAMS_PER_CONNECTION + 1)]
+        for i, ref in enumerate(refs):
+            watches.open(order_of(tracks.register(ref, Liveness(1), i + 1, True)))
+        status = watches.status()
+        assert (status.open, status.connections) == (respcoord.STREAMS_PER_CONNECTION + 1, 2)
+        assert script.connections == 2
+        refs[0].release()
+        await until("the released session's watch ends", lambda: watches.status().open == 500)
+        watches.open(order_of(tracks.register(tracks.track("again"), Liveness(1), 1, True)))
+        assert watches.status().connections == 2, "the freed room is reused"
+        await watches.close()
+        assert watches.status().open == 0
+
+
+async def until(what: str, condition: Callable[[], bool]) -> None:
+    async def poll() -> None:
+        while not condition():  # noqa: ASYNC110 (a status, no event to wait on)
+            await asyncio.sleep(0.005)
+
+    await within(what, poll())
 
 
 class TestErrorMapping:
@@ -379,6 +657,38 @@ async def test_closing_the_client_fails_every_fence_closed(servers: Servers) -> 
     assert fence.stop_reason() is respcoord.StopReason.RELEASED
     with pytest.raises(respcoord.ClientClosed):
         client.session("close")
+
+
+_EXIT_AFTER_CLOSE = """
+import asyncio, sys
+import respcoord
+
+async def main() -> None:
+    client = await respcoord.Client.connect(sys.argv[1])
+    for i in range(int(sys.argv[2])):
+        await client.session(f"exit-{i}").start(respcoord.Source.CLIENT)
+    assert client.watch_status().open == int(sys.argv[2])
+    await client.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_process_exits_after_closing_a_client_with_hundreds_of_watches(
+    servers: Servers,
+) -> None:
+    """grpcio before 1.78 hung such a process at exit (Watches.close)."""
+    server = await servers.fixture()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _EXIT_AFTER_CLOSE, server.grpc, "300"
+    )
+    try:
+        code = await asyncio.wait_for(process.wait(), timeout=60)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise AssertionError("the process hung at exit after Client.close()") from None
+    assert code == 0
 
 
 async def test_connect_fails_fast_with_unavailable_when_nothing_listens() -> None:

@@ -1,5 +1,5 @@
-// Client, Session and Response: the Rust client's API (src/client.rs,
-// src/client/response.rs) in TypeScript's idiom.
+// Client, Session and Response: the Rust client's API (clients/rust/src/lib.rs,
+// clients/rust/src/response.rs) in TypeScript's idiom.
 import { readFileSync } from "node:fs";
 import { randomBytes } from "node:crypto";
 
@@ -35,7 +35,8 @@ import {
 } from "./errors.js";
 import * as pb from "./gen/respcoord/v1/coordinator.js";
 import { defaultRetryPolicy, withRetry, type RetryPolicy } from "./retry.js";
-import { Liveness, Tracks, Watcher, type WatchStatus } from "./watcher.js";
+import { Liveness, Tracks, type WatchOrder } from "./fencing.js";
+import { Watches, type WatchChannel, type WatchStatus } from "./watch.js";
 
 /** Longest session id the contract accepts, in UTF-8 bytes. */
 export const MAX_SESSION_ID_BYTES = 256;
@@ -54,7 +55,7 @@ export interface TlsOptions {
 }
 
 export interface ConnectOptions {
-  /** Sent as `authorization: Bearer <token>` on every call, the watch included. */
+  /** Sent as `authorization: Bearer <token>` on every call, the session watches included. */
   readonly token?: string;
   readonly tls?: TlsOptions;
   /** Retries and deadlines of calls (defaults: defaultRetryPolicy). */
@@ -270,23 +271,41 @@ function authMetadata(token: string | undefined): Metadata {
   return metadata;
 }
 
-/** A connection to respcoord: one channel for calls, one for the shared watch. */
+/**
+ * A connection to respcoord: one channel for calls, and a pool of channels of
+ * its own for the session watches (one Watch stream per session with a live
+ * response of this client).
+ */
 export class Client {
   readonly #raw: pb.ResponseCoordinatorClient;
-  /** A second connection for the watch, so calls and the long-lived stream never share HTTP/2 flow control. */
-  readonly #watchRaw: pb.ResponseCoordinatorClient;
   readonly #auth: Metadata;
   readonly #retry: RetryPolicy;
   readonly #tracks = new Tracks();
-  #watcher: Watcher | undefined;
-  #watcherReady: Promise<void> | undefined;
+  readonly #watches: Watches;
   #closed = false;
 
-  private constructor(raw: pb.ResponseCoordinatorClient, watchRaw: pb.ResponseCoordinatorClient, auth: Metadata, retry: RetryPolicy) {
+  private constructor(raw: pb.ResponseCoordinatorClient, watchChannel: () => pb.ResponseCoordinatorClient, auth: Metadata, retry: RetryPolicy) {
     this.#raw = raw;
-    this.#watchRaw = watchRaw;
     this.#auth = auth;
     this.#retry = retry;
+    this.#watches = new Watches(() => this.#watchChannel(watchChannel()), this.#tracks, retry);
+  }
+
+  /** One pooled watch connection: the session watches' Watch and GetState calls go on it. */
+  #watchChannel(raw: pb.ResponseCoordinatorClient): WatchChannel {
+    return {
+      transport: {
+        openWatch: (sessionId, afterRevision) =>
+          raw.watch({ sessionId, afterRevision, afterSeq: undefined }, this.#auth.clone()),
+        getState: async (sessionId, signal) => {
+          const reply = await this.call((r) => r.getState.bind(r), { sessionId }, true, signal, raw);
+          return reply.state ?? pb.SessionState.create();
+        },
+      },
+      close: () => {
+        raw.close();
+      },
+    };
   }
 
   /**
@@ -301,7 +320,7 @@ export class Client {
     const auth = authMetadata(options.token);
     const retry: RetryPolicy = { ...defaultRetryPolicy, ...options.retry };
     const channelOptions: ChannelOptions = {
-      // Notice a dead peer on an otherwise quiet connection (the watch).
+      // Notice a dead peer on an otherwise quiet connection (the watches').
       "grpc.keepalive_time_ms": 10_000,
       "grpc.keepalive_timeout_ms": 5_000,
       "grpc.keepalive_permit_without_calls": 1,
@@ -313,11 +332,11 @@ export class Client {
         : { "grpc.ssl_target_name_override": options.tls.domain, "grpc.default_authority": options.tls.domain }),
     };
     const raw = new pb.ResponseCoordinatorClient(parsed.address, creds, channelOptions);
-    const watchRaw = new pb.ResponseCoordinatorClient(parsed.address, creds, {
-      ...channelOptions,
-      "grpc.use_local_subchannel_pool": 1,
-    });
-    const client = new Client(raw, watchRaw, auth, retry);
+    // Each watch channel is a connection of its own (not shared with the
+    // calls' channel nor with another watch channel: a local subchannel pool).
+    const watchChannel = (): pb.ResponseCoordinatorClient =>
+      new pb.ResponseCoordinatorClient(parsed.address, creds, { ...channelOptions, "grpc.use_local_subchannel_pool": 1 });
+    const client = new Client(raw, watchChannel, auth, retry);
     if (options.lazy === true) return client;
     const signal = options.signal;
     try {
@@ -353,28 +372,28 @@ export class Client {
     return new Session(this, validateSessionId(sessionId));
   }
 
-  /** How the shared watch is doing (undefined before the first Start). */
-  watchStatus(): WatchStatus | undefined {
-    return this.#watcher?.status();
+  /** How this client's session watches are doing. */
+  watchStatus(): WatchStatus {
+    return this.#watches.status();
   }
 
   /**
-   * Stops the watch, fails every fence of this client closed (reason
-   * `released`: nothing can learn about stops any more) and closes both
-   * connections. Idempotent.
+   * Stops every session watch, fails every fence of this client closed
+   * (reason `released`: nothing can learn about stops any more) and closes
+   * every connection. Idempotent.
    */
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
-    this.#watcher?.stop();
     this.#tracks.releaseAll();
     this.#raw.close();
-    this.#watchRaw.close();
+    this.#watches.close();
   }
 
+  /** Closes, then waits for the session watches to end. */
   async [Symbol.asyncDispose](): Promise<void> {
     this.close();
-    await this.#watcher?.done;
+    await this.#watches.done();
   }
 
   // ---- internals used by Session and Response ----
@@ -388,34 +407,14 @@ export class Client {
     if (this.#closed) throw new ClientClosedError("the client is closed");
   }
 
-  /** @internal Starts the shared watch if it is not running, positioned before anything about to start. */
-  ensureWatcher(signal: AbortSignal | undefined): Promise<void> {
-    this.#checkOpen();
-    if (this.#watcherReady === undefined) {
-      const ready = (async () => {
-        // The list's seq is a position no later than now: every event of a
-        // Start sent after this is behind it on the stream.
-        const page = await this.call((raw) => raw.listSessions.bind(raw), { pageSize: 1, pageToken: "" }, true, signal);
-        if (this.#closed) throw new ClientClosedError("the client is closed");
-        this.#watcher = new Watcher(
-          {
-            openWatch: (afterSeq) =>
-              this.#watchRaw.watch({ sessionId: "", afterSeq, afterRevision: undefined }, this.#auth.clone()),
-            listPage: (pageToken, stop) =>
-              this.call((raw) => raw.listSessions.bind(raw), { pageSize: 1000, pageToken }, true, stop, this.#watchRaw),
-          },
-          this.#tracks,
-          this.#retry,
-          page.seq,
-        );
-      })();
-      this.#watcherReady = ready;
-      // A failed start of the watch is retried by the next Start.
-      ready.catch(() => {
-        if (this.#watcherReady === ready) this.#watcherReady = undefined;
-      });
-    }
-    return this.#watcherReady;
+  /** @internal Whether close() was called. */
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  /** @internal Opens the session watch a registration asked for. */
+  openWatch(order: WatchOrder): void {
+    this.#watches.open(order);
   }
 
   /**
@@ -449,8 +448,9 @@ export class Client {
 }
 
 /**
- * A handle on one session. Cheap: the client tracks a session's events while
- * a Start on it is in flight or a response of it is live.
+ * A handle on one session. Cheap: the client tracks a session while a Start
+ * on it is in flight or a response of it is live, and watches it (one Watch
+ * stream) only while a response of it is live.
  */
 export class Session {
   readonly client: Client;
@@ -471,11 +471,12 @@ export class Session {
     const wireSource = sourceToWire(validateSource(source));
     const requestId = options.requestId === undefined ? newRequestId() : validateRequestId(options.requestId);
     if (options.signal?.aborted) throw abortError(options.signal);
-    // Tracked before the Start goes out, and the watch positioned before it.
+    // Tracked while the Start is in flight (what a watch of the session
+    // already learns meanwhile applies to it); nothing is sent before the
+    // Start: its session's watch opens after the reply.
     const ref = this.client.tracks.track(this.id);
     let reply: pb.StartResponse;
     try {
-      await this.client.ensureWatcher(options.signal);
       reply = await this.client.call(
         (raw) => raw.start.bind(raw),
         { sessionId: this.id, source: wireSource, requestId },
@@ -488,11 +489,20 @@ export class Session {
     }
     const liveness = new Liveness(reply.responseId);
     const state = stateFromWire(reply.state);
-    if (reply.replayed && state.responseId !== reply.responseId) {
+    if (this.client.closed) {
+      // Closed while the Start was in flight: nothing can learn about stops.
+      liveness.stop("released");
+    } else if (reply.replayed && state.responseId !== reply.responseId) {
       // A retry of a Start that applied earlier, whose response has since been replaced or ended.
       liveness.stop(state.phase === "terminated" ? "shutdown" : state.phase === "active" ? "superseded" : "gone");
     }
-    this.client.tracks.register(ref, liveness);
+    // The session's watch (if this is its only live response) replays from
+    // the reply's revision: a stop that lands before the watch opens is not
+    // missed.
+    const order = this.client.tracks.register(ref, liveness, state.revision, !reply.replayed);
+    if (order !== undefined) this.client.openWatch(order);
+    // Finished, released or stopped: no longer registered (the session's
+    // last one closes its watch), and the session no longer tracked for it.
     void liveness.stopped.then(() => {
       this.client.tracks.unregister(ref, liveness);
       ref.release();

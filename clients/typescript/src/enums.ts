@@ -29,8 +29,8 @@ export const StopReason = {
   Ended: "ended",
   /**
    * The coordinator no longer has it live and the watch could not see how it
-   * ended: found by a re-list after OUT_OF_RANGE, e.g. after a restart of an
-   * in-memory coordinator.
+   * ended: found by the state read (GetState) a session watch makes before it
+   * reopens, e.g. NOT_FOUND after a restart of an in-memory coordinator.
    */
   Gone: "gone",
   /** Local: this handle reported Finish. */

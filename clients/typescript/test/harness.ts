@@ -41,6 +41,17 @@ export function stringParam(scenario: Scenario, name: string): string {
   return value;
 }
 
+/** Polls `done` until it holds; fails after the patience bound of `within`. */
+export async function until(what: string, done: () => boolean | Promise<boolean>, ms = 20_000): Promise<void> {
+  await within(
+    what,
+    (async () => {
+      while (!(await done())) await new Promise((r) => setTimeout(r, 2));
+    })(),
+    ms,
+  );
+}
+
 /** Fails a "did it happen at all" wait after a generous time (never a timing assertion). */
 export async function within<T>(what: string, promise: Promise<T>, ms = 20_000): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
@@ -112,6 +123,20 @@ export class Fixture {
 
   async cut(): Promise<void> {
     await this.#control("POST", "/cut");
+  }
+
+  /** The next Watch call waits, before the server sees it, until `releaseWatches`. */
+  async holdNextWatch(): Promise<void> {
+    await this.#control("POST", "/hold-next-watch");
+  }
+
+  /** Watch calls waiting at the hold. */
+  async heldWatches(): Promise<number> {
+    return ((await (await this.#control("GET", "/held-watches")).json()) as { count: number }).count;
+  }
+
+  async releaseWatches(): Promise<void> {
+    await this.#control("POST", "/release-watches");
   }
 
   async stop(): Promise<void> {

@@ -17,6 +17,7 @@ import {
   UnauthenticatedError,
   UnavailableError,
   type Fence,
+  type Response as Started,
   type RunOutcome,
 } from "../src/index.js";
 import * as pb from "../src/gen/respcoord/v1/coordinator.js";
@@ -30,6 +31,7 @@ import {
   Rng,
   sleepMicros,
   stringParam,
+  until,
   within,
   type Scenario,
 } from "./harness.js";
@@ -279,22 +281,19 @@ const implementations: Record<string, Implementation> = {
       const a = await scope.client(server.addresses.proxy);
       const b = await scope.client(server.addresses.grpc);
       const response = await a.session("broken-watch").start("client");
-      await within(
-        "A's watch is open",
-        (async () => {
-          while (a.watchStatus()?.connected !== true) await new Promise((r) => setTimeout(r, 10));
-        })(),
-      );
+      await until("A's session watch is open", () => a.watchStatus().opened === 1);
       const before = a.watchStatus();
-      assert.ok(before);
+      assert.equal(before.open, 1, `one session watch: ${JSON.stringify(before)}`);
+      // Cut A off; once its watch noticed (a state read is under way or
+      // done), supersede its response.
       await server.cut();
-      await b.session("broken-watch").start("vad");
-      assert.equal(await within("A sees the supersede", response.stopped()), "superseded");
+      await until("A's watch notices the cut", () => a.watchStatus().rereads > before.rereads);
+      const bargeIn = await b.session("broken-watch").start("vad");
+      assert.equal(bargeIn.superseded, response.id);
+      assert.equal(await within("A learns after resuming", response.stopped()), "superseded");
       const after = a.watchStatus();
-      assert.ok(after);
-      assert.ok(after.reconnects > before.reconnects, `reconnects ${before.reconnects} -> ${after.reconnects}`);
-      assert.equal(after.relists, before.relists, "resumed with after_seq, no re-list");
-      assert.ok(after.position > before.position, `position ${before.position} -> ${after.position}`);
+      assert.ok(after.rereads >= before.rereads + 1, `rereads ${before.rereads} -> ${after.rereads}`);
+      await until("the watch closes with its last response", () => a.watchStatus().open === 0);
     }),
 
   coordinator_restart_mid_run: () =>
@@ -310,13 +309,14 @@ const implementations: Record<string, Implementation> = {
       const outcome = await within("A's run returns", run, 30_000);
       assert.deepEqual(outcome, { kind: "stopped", responseId: oldFence.id, reason: "gone" });
       assert.equal(oldFence.isCurrent(), false);
-      assert.ok((a.watchStatus()?.relists ?? 0) >= 1, "the watch re-listed");
+      const status = a.watchStatus();
+      assert.ok(status.rereads >= 1, `the watch read the state (NOT_FOUND): ${JSON.stringify(status)}`);
       const renewed = await a.session("restart").start("client");
       assert.ok(renewed.id > oldFence.id, `${renewed.id} > ${oldFence.id}`);
       assert.equal((await a.session("restart").state()).responsesStarted, 1n);
       const b = await scope.client(`127.0.0.1:${port}`);
       await b.session("restart").start("vad");
-      assert.equal(await within("the supersede reaches A", renewed.stopped()), "superseded");
+      assert.equal(await within("a new session watch works after the restart", renewed.stopped()), "superseded");
     }),
 
   bearer_token_on_every_call: (scenario) =>
@@ -416,6 +416,64 @@ const implementations: Record<string, Implementation> = {
         `cancel propagation (typescript, ${rounds} rounds, B's call to A's run returning): ` +
           `p50 ${ms(percentile(millis, 50))}, p99 ${ms(percentile(millis, 99))}, max ${ms(millis.at(-1) ?? Number.NaN)}`,
       );
+    }),
+
+  session_watch_follows_live_responses: () =>
+    scoped(async (scope) => {
+      const server = await fixture(scope);
+      const a = await scope.client(server.addresses.grpc);
+      const b = await scope.client(server.addresses.grpc);
+      const [x, y] = [a.session("follow-x"), a.session("follow-y")];
+      const status = a.watchStatus();
+      assert.deepEqual([status.open, status.opened], [0, 0], `handles alone: ${JSON.stringify(status)}`);
+      const onX = await x.start("client");
+      assert.equal(a.watchStatus().open, 1);
+      const onY = await y.start("client");
+      assert.equal(a.watchStatus().open, 2);
+      await until("both watches are open", () => a.watchStatus().opened === 2);
+      assert.equal((await onX.finish("completed")).kind, "applied");
+      await until("X's watch closes after its Finish", () => a.watchStatus().open === 1);
+      // Traffic on a session A has nothing live in reaches A not at all.
+      const z = b.session("follow-z");
+      for (let i = 0; i < 5; i += 1) await z.start("vad");
+      assert.equal(a.watchStatus().opened, 2, "no watch of Z, nor of everything");
+      await b.session("follow-y").start("vad");
+      assert.equal(await within("Y's response is superseded", onY.stopped()), "superseded");
+      await until("no watch once nothing is live", () => a.watchStatus().open === 0);
+    }),
+
+  stop_between_start_reply_and_watch: () =>
+    scoped(async (scope) => {
+      const server = await fixture(scope);
+      const a = await scope.client(server.addresses.grpc);
+      const b = await scope.client(server.addresses.grpc);
+      await server.holdNextWatch();
+      const response = await a.session("between").start("client");
+      await until("A's session watch reaches the hold", async () => (await server.heldWatches()) === 1);
+      await b.session("between").start("vad");
+      await new Promise((r) => setTimeout(r, 50));
+      assert.equal(response.isCurrent(), true, "nothing has told A yet");
+      await server.releaseWatches();
+      assert.equal(await within("the watch replays the supersede", response.stopped()), "superseded");
+      assert.equal(a.watchStatus().rereads, 0, "replayed from the Start reply's revision, no state read");
+    }),
+
+  hundreds_of_sessions_on_one_client: (scenario) =>
+    scoped(async (scope) => {
+      const sessions = numberParam(scenario, "sessions");
+      const server = await fixture(scope);
+      const a = await scope.client(server.addresses.grpc);
+      const b = await scope.client(server.addresses.grpc);
+      const responses: Started[] = [];
+      for (let i = 0; i < sessions; i += 1) responses.push(await a.session(`many-${i}`).start("client"));
+      assert.equal(a.watchStatus().open, sessions);
+      for (let i = 0; i < sessions; i += 1) await b.session(`many-${i}`).start("vad");
+      for (const response of responses) {
+        assert.equal(await within("every response is superseded", response.stopped()), "superseded");
+      }
+      await until("no watch once nothing is live", () => a.watchStatus().open === 0);
+      const status = a.watchStatus();
+      assert.equal(status.connections, 1, `${sessions} streams fit one pooled connection: ${JSON.stringify(status)}`);
     }),
 };
 

@@ -1,6 +1,8 @@
-// Unit tests: the fencing table, the error mapping, retries, validation, and
-// the signal-taking calls (already aborted, aborted mid-call) on a real server.
+// Unit tests: the fencing table, the session watch against a scripted server,
+// the watch pool, the error mapping, retries, validation, and the
+// signal-taking calls (already aborted, aborted mid-call) on a real server.
 import assert from "node:assert/strict";
+import { EventEmitter } from "node:events";
 import { describe, mock, test } from "node:test";
 
 import { status as GrpcStatus } from "@grpc/grpc-js";
@@ -22,11 +24,12 @@ import {
 } from "../src/index.js";
 import * as pb from "../src/gen/respcoord/v1/coordinator.js";
 import { backoffMs, defaultRetryPolicy, withRetry } from "../src/retry.js";
-import { Liveness, Tracks } from "../src/watcher.js";
-import { Fixture, freePort, within } from "./harness.js";
+import { Liveness, Tracks } from "../src/fencing.js";
+import { newCells, SessionWatch, Watches, type Cells, type WatchStream, type WatchTransport } from "../src/watch.js";
+import { Fixture, freePort, until, within } from "./harness.js";
 
-function event(sessionId: string, seq: bigint, kind: pb.LifecycleEvent["kind"]): pb.LifecycleEvent {
-  return { sessionId, revision: 0n, seq, unixNanos: 0n, kind };
+function event(sessionId: string, revision: bigint, kind: pb.LifecycleEvent["kind"]): pb.LifecycleEvent {
+  return { sessionId, revision, seq: revision, unixNanos: 0n, kind };
 }
 const started = (id: bigint): pb.LifecycleEvent["kind"] => ({
   $case: "started",
@@ -36,22 +39,54 @@ const cancelRequested = (id: bigint, reason: pb.CancelReason): pb.LifecycleEvent
   $case: "cancelRequested",
   value: { responseId: id, reason },
 });
+function sessionState(sessionId: string, phase: pb.Phase, active: bigint, revision: bigint): pb.SessionState {
+  return { ...pb.SessionState.create(), sessionId, phase, activeResponseId: active, revision };
+}
 
+// The same cases as clients/rust/src/fencing.rs's tests.
 void describe("fencing table", () => {
+  void test("the first response opens the watch from its start and the last closes it", () => {
+    const tracks = new Tracks();
+    const ref = tracks.track("s");
+    assert.equal(tracks.watched("s"), false, "a session handle alone watches nothing");
+    const first = new Liveness(10n);
+    const order = tracks.register(ref, first, 7n, true);
+    assert.ok(order, "a watch");
+    assert.deepEqual(
+      [order.session, order.afterRevision, order.expectStarted],
+      ["s", 6n, 10n],
+      "replays the response's own start",
+    );
+    const second = new Liveness(11n);
+    assert.equal(tracks.register(ref, second, 9n, true), undefined, "one watch a session");
+    tracks.unregister(ref, first);
+    assert.equal(order.stop.aborted, false);
+    tracks.apply([event("s", 10n, started(12n))]);
+    assert.equal(second.reason, "superseded");
+    assert.equal(order.stop.aborted, true, "no live response left: the watch closes");
+    const replayed = new Liveness(20n);
+    const again = tracks.register(ref, replayed, 30n, false);
+    assert.ok(again, "a new watch");
+    assert.deepEqual([again.afterRevision, again.expectStarted], [30n, undefined]);
+    ref.release();
+    assert.equal(again.stop.aborted, true, "the track went with its last reference");
+  });
+
   void test("a supersede stops the old response and not the new one", () => {
     const tracks = new Tracks();
     const ref = tracks.track("s");
     const old = new Liveness(10n);
-    tracks.register(ref, old);
+    tracks.register(ref, old, 1n, true);
     tracks.apply([
-      event("s", 10n, started(10n)),
-      event("s", 20n, cancelRequested(10n, pb.CancelReason.CANCEL_REASON_SUPERSEDED)),
-      event("s", 22n, started(20n)),
+      event("s", 1n, started(10n)),
+      event("s", 2n, cancelRequested(10n, pb.CancelReason.CANCEL_REASON_SUPERSEDED)),
+      event("s", 4n, started(20n)),
     ]);
     assert.equal(old.reason, "superseded");
     assert.equal(old.signal.aborted, true);
+    // The new response registers after the watch saw its own start.
     const renewed = new Liveness(20n);
-    tracks.register(ref, renewed);
+    tracks.register(ref, renewed, 4n, true);
     assert.equal(renewed.isCurrent(), true);
     assert.equal(tracks.deadThrough("s"), 19n);
   });
@@ -59,33 +94,28 @@ void describe("fencing table", () => {
   void test("a response registered after its stop was seen is stopped at once", () => {
     const tracks = new Tracks();
     const ref = tracks.track("s");
-    tracks.apply([event("s", 31n, cancelRequested(30n, pb.CancelReason.CANCEL_REASON_REQUESTED))]);
+    const other = new Liveness(1n);
+    tracks.register(ref, other, 1n, true);
+    tracks.apply([event("s", 3n, cancelRequested(30n, pb.CancelReason.CANCEL_REASON_REQUESTED))]);
     const late = new Liveness(30n);
-    tracks.register(ref, late);
+    assert.equal(tracks.register(ref, late, 2n, true), undefined);
     assert.equal(late.reason, "cancelled");
   });
 
-  void test("dead_through only rises: a replayed older event changes nothing", () => {
-    const tracks = new Tracks();
-    tracks.track("s");
-    tracks.apply([event("s", 50n, started(50n))]);
-    tracks.apply([event("s", 10n, started(10n))]);
-    assert.equal(tracks.deadThrough("s"), 49n);
-  });
-
-  void test("termination is fenced at its seq, so a reborn session lives", () => {
+  void test("termination stops every response and a reborn session lives", () => {
     const tracks = new Tracks();
     const ref = tracks.track("s");
     const a = new Liveness(5n);
-    tracks.register(ref, a);
-    tracks.apply([event("s", 8n, { $case: "terminated", value: { reason: pb.CancelReason.CANCEL_REASON_EXPIRED } })]);
+    tracks.register(ref, a, 1n, true);
+    tracks.apply([event("s", 2n, { $case: "terminated", value: { reason: pb.CancelReason.CANCEL_REASON_EXPIRED } })]);
     assert.equal(a.reason, "expired");
+    assert.equal(tracks.deadThrough("s"), 5n, "raised over the stopped ids, not to the event's seq");
     const reborn = new Liveness(100n);
-    tracks.register(ref, reborn);
+    tracks.register(ref, reborn, 1n, true);
     assert.equal(reborn.isCurrent(), true);
   });
 
-  void test("untracked sessions are ignored; a track goes with its last reference", () => {
+  void test("untracked sessions are ignored and tracks go with their references", () => {
     const tracks = new Tracks();
     const first = tracks.track("s");
     const second = tracks.track("s");
@@ -99,30 +129,252 @@ void describe("fencing table", () => {
     assert.equal(tracks.size, 0);
   });
 
-  void test("a re-list raises from listed states and from absence", () => {
+  void test("a state read stops what it covered and spares later starts", () => {
     const tracks = new Tracks();
-    const [a, b, c] = [tracks.track("a"), tracks.track("b"), tracks.track("c")];
-    const [ra, rb, rc] = [new Liveness(5n), new Liveness(6n), new Liveness(7n)];
-    tracks.register(a, ra);
-    tracks.register(b, rb);
-    tracks.register(c, rc);
-    const epoch = tracks.beginRelist();
-    const d = tracks.track("d");
-    const rd = new Liveness(8n);
-    tracks.register(d, rd);
-    const active = (sessionId: string, id: bigint): pb.SessionState => ({
-      ...pb.SessionState.create(),
-      sessionId,
-      phase: pb.Phase.PHASE_ACTIVE,
-      activeResponseId: id,
+    const ref = tracks.track("s");
+    const [old, active] = [new Liveness(5n), new Liveness(6n)];
+    tracks.register(ref, old, 1n, true);
+    tracks.register(ref, active, 3n, true);
+    const ticket = tracks.ticket();
+    // Registered while the read was on its way: the read cannot judge it.
+    const later = new Liveness(9n);
+    tracks.register(ref, later, 9n, true);
+    tracks.applyState("s", sessionState("s", pb.Phase.PHASE_ACTIVE, 6n, 4n), ticket);
+    assert.equal(old.reason, "superseded");
+    assert.equal(active.isCurrent(), true, "the active response lives on");
+    assert.equal(later.isCurrent(), true);
+    tracks.applyState("s", sessionState("s", pb.Phase.PHASE_IDLE, 0n, 8n), ticket);
+    assert.equal(active.reason, "gone");
+    assert.equal(later.isCurrent(), true, "started after the read was sent");
+  });
+
+  void test("a session gone or recreated stops the responses the read covered", () => {
+    const tracks = new Tracks();
+    const ref = tracks.track("s");
+    const lost = new Liveness(5n);
+    const order = tracks.register(ref, lost, 3n, true);
+    assert.ok(order, "a watch");
+    const ticket = tracks.ticket();
+    tracks.applyGone("s", ticket);
+    assert.equal(lost.reason, "gone");
+    assert.equal(order.stop.aborted, true);
+    const terminated = new Liveness(7n);
+    tracks.register(ref, terminated, 1n, true);
+    tracks.applyState("s", sessionState("s", pb.Phase.PHASE_TERMINATED, 0n, 2n), tracks.ticket());
+    assert.equal(terminated.reason, "shutdown");
+  });
+
+  void test("dead_through only rises: a replayed older event changes nothing", () => {
+    const tracks = new Tracks();
+    tracks.track("s");
+    tracks.apply([event("s", 50n, started(50n))]);
+    tracks.apply([event("s", 10n, started(10n))]);
+    assert.equal(tracks.deadThrough("s"), 49n);
+  });
+});
+
+/** A failed call as grpc-js reports it: an Error with a numeric code and details. */
+function grpcError(code: number, details: string): Error & { code: number; details: string } {
+  return Object.assign(new Error(`${code} ${details}`), { code, details });
+}
+
+/** How a scripted stream goes on once its messages are delivered. */
+type Then = "hang" | { readonly fail: Error };
+
+class ScriptedStream extends EventEmitter implements WatchStream {
+  cancelled = false;
+
+  cancel(): void {
+    this.cancelled = true;
+  }
+}
+
+/**
+ * A scripted server: each Watch takes the next stream, each GetState the next
+ * answer (a call past the script waits until its signal aborts); every call is
+ * recorded.
+ */
+class Script implements WatchTransport {
+  readonly watches: [readonly pb.WatchResponse[], Then][] = [];
+  readonly states: (pb.SessionState | Error)[] = [];
+  readonly calls: string[] = [];
+
+  openWatch(_sessionId: string, afterRevision: bigint): WatchStream {
+    this.calls.push(`watch ${afterRevision}`);
+    const stream = new ScriptedStream();
+    const next = this.watches.shift();
+    if (next === undefined) return stream;
+    const [messages, then] = next;
+    void (async () => {
+      const steps = [
+        () => stream.emit("metadata"),
+        ...messages.map((message) => () => stream.emit("data", message)),
+        () => {
+          if (then !== "hang") stream.emit("error", then.fail);
+        },
+      ];
+      for (const step of steps) {
+        await new Promise((r) => setImmediate(r));
+        if (stream.cancelled) return;
+        step();
+      }
+    })();
+    return stream;
+  }
+
+  getState(_sessionId: string, signal: AbortSignal): Promise<pb.SessionState> {
+    this.calls.push("get_state");
+    const next = this.states.shift();
+    if (next instanceof Error) return Promise.reject(next);
+    if (next !== undefined) return Promise.resolve(next);
+    return new Promise((_, reject) => {
+      signal.addEventListener("abort", () => {
+        reject(new CancelledError("stopped"));
+      });
     });
-    const seen = new Set<string>();
-    tracks.applyListed(50n, [active("a", 5n), active("b", 40n)], seen);
-    tracks.applyAbsent(epoch, 50n, seen);
-    assert.equal(ra.isCurrent(), true, "still the active response");
-    assert.equal(rb.reason, "superseded");
-    assert.equal(rc.reason, "gone", "absent: gone");
-    assert.equal(rd.isCurrent(), true, "tracked during the listing: not judged by it");
+  }
+}
+
+function message(events: pb.LifecycleEvent[]): pb.WatchResponse {
+  return { events, progressSeq: 0n };
+}
+
+const quick = { ...defaultRetryPolicy, attemptTimeoutMs: 100, initialBackoffMs: 1, maxBackoffMs: 5 };
+
+/** Response 10, whose Start reply carried revision 5, and its session's watch running against `script`. */
+function runWatch(script: Script): { response: Liveness; stop: AbortSignal; cells: Cells; done: Promise<void>; close(): Promise<void> } {
+  const tracks = new Tracks();
+  const ref = tracks.track("s");
+  const response = new Liveness(10n);
+  const order = tracks.register(ref, response, 5n, true);
+  assert.ok(order, "the first response opens the watch");
+  const cells = newCells();
+  const done = new SessionWatch({ transport: script, tracks, retry: quick, cells, order }).run();
+  return {
+    response,
+    stop: order.stop,
+    cells,
+    done,
+    close: () => {
+      ref.release();
+      return within("the watch ends once its track is gone", done);
+    },
+  };
+}
+
+// The same cases as clients/rust/src/watch.rs's tests, against a scripted server.
+void describe("session watch", () => {
+  void test("a stop replayed after the proof of the start stops the response", async () => {
+    const script = new Script();
+    script.watches.push([
+      [
+        message([event("s", 5n, started(10n))]),
+        message([event("s", 6n, cancelRequested(10n, pb.CancelReason.CANCEL_REASON_SUPERSEDED)), event("s", 8n, started(11n))]),
+      ],
+      "hang",
+    ]);
+    const running = runWatch(script);
+    assert.equal(await within("stopped", running.response.stopped), "superseded");
+    assert.equal(running.stop.aborted, true, "nothing live: the watch closed");
+    await within("the watch ends", running.done);
+    assert.deepEqual(script.calls, ["watch 4"], "replayed from just below the reply");
+  });
+
+  void test("a first event that is not the start means a recreated session", async () => {
+    const script = new Script();
+    script.watches.push([[message([event("s", 5n, started(3n))])], "hang"]);
+    // Revision 2: below the watch's position, a new session of that id.
+    script.states.push(sessionState("s", pb.Phase.PHASE_ACTIVE, 12n, 2n));
+    const running = runWatch(script);
+    assert.equal(await within("stopped", running.response.stopped), "gone");
+    await running.close();
+    assert.deepEqual(script.calls, ["watch 4", "get_state"]);
+  });
+
+  void test("a session not found after a break is gone", async () => {
+    const script = new Script();
+    script.watches.push([[message([event("s", 5n, started(10n))])], { fail: grpcError(GrpcStatus.UNAVAILABLE, "connection reset") }]);
+    script.states.push(errorFromStatus({ code: GrpcStatus.NOT_FOUND, details: "no session s" }));
+    const running = runWatch(script);
+    assert.equal(await within("stopped", running.response.stopped), "gone");
+    await running.close();
+    assert.deepEqual(script.calls, ["watch 4", "get_state"]);
+  });
+
+  void test("a broken stream resumes from the state it read", async () => {
+    const script = new Script();
+    script.watches.push(
+      [[message([event("s", 5n, started(10n))])], { fail: grpcError(GrpcStatus.UNAVAILABLE, "connection reset") }],
+      [[message([event("s", 7n, cancelRequested(10n, pb.CancelReason.CANCEL_REASON_REQUESTED))])], "hang"],
+    );
+    script.states.push(sessionState("s", pb.Phase.PHASE_ACTIVE, 10n, 6n));
+    const running = runWatch(script);
+    assert.equal(await within("stopped", running.response.stopped), "cancelled");
+    await within("the watch ends", running.done);
+    assert.deepEqual(script.calls, ["watch 4", "get_state", "watch 6"]);
+    const { opened, reconnects, rereads } = running.cells;
+    assert.deepEqual([opened, reconnects, rereads], [2, 1, 1]);
+  });
+
+  void test("no proof within the attempt timeout is checked by a state read", async () => {
+    const script = new Script();
+    script.watches.push([[], "hang"], [[], "hang"]);
+    script.states.push(sessionState("s", pb.Phase.PHASE_ACTIVE, 10n, 5n));
+    const running = runWatch(script);
+    await until("a state read and a new stream", () => script.calls.length >= 3);
+    assert.deepEqual(script.calls, ["watch 4", "get_state", "watch 5"]);
+    assert.equal(running.response.isCurrent(), true, "the state shows it active");
+    await running.close();
+    assert.equal(running.cells.open, 0);
+  });
+
+  void test("a terminated event ends the watch", async () => {
+    const script = new Script();
+    script.watches.push([
+      [message([event("s", 5n, started(10n)), event("s", 6n, { $case: "terminated", value: { reason: pb.CancelReason.CANCEL_REASON_SHUTDOWN } })])],
+      "hang",
+    ]);
+    const running = runWatch(script);
+    assert.equal(await within("stopped", running.response.stopped), "shutdown");
+    await within("the watch ends by itself", running.done);
+    assert.deepEqual(script.calls, ["watch 4"]);
+  });
+});
+
+void describe("watch pool", () => {
+  void test("a connection is added when every one carries its limit of streams; the last stop closes each watch", async () => {
+    const script = new Script();
+    let connections = 0;
+    const tracks = new Tracks();
+    const watches = new Watches(
+      () => {
+        connections += 1;
+        return { transport: script, close: () => undefined };
+      },
+      tracks,
+      quick,
+      2,
+    );
+    assert.deepEqual(watches.status(), { open: 0, opened: 0, reconnects: 0, rereads: 0, connections: 0 });
+    const refs = ["a", "b", "c", "d", "e"].map((session) => tracks.track(session));
+    for (const [i, ref] of refs.entries()) {
+      const order = tracks.register(ref, new Liveness(BigInt(i + 1)), 1n, true);
+      assert.ok(order);
+      watches.open(order);
+    }
+    assert.equal(watches.status().open, 5);
+    assert.equal(watches.status().connections, 3, "2 + 2 + 1 streams");
+    assert.equal(connections, 3);
+    for (const ref of refs) ref.release();
+    await within("every watch ends", watches.done());
+    assert.equal(watches.status().open, 0);
+    const again = tracks.track("f");
+    const order = tracks.register(again, new Liveness(9n), 1n, true);
+    assert.ok(order);
+    watches.open(order);
+    assert.equal(connections, 3, "a freed slot is reused");
+    again.release();
+    await within("the last watch ends", watches.done());
   });
 });
 

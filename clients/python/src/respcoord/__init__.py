@@ -2,7 +2,9 @@
 
 Per session at most one live response, exactly one terminal per started
 response, nothing after teardown, and every stop made by any gateway reaches
-this process's fences through one shared watch. See docs/python.md.
+this process's fences through the watch of that response's session (one
+Watch stream per session where this client has a live response). See
+docs/python.md.
 """
 
 from respcoord._client import (
@@ -42,11 +44,12 @@ from respcoord._errors import (
     error_from_status,
 )
 from respcoord._retry import RetryPolicy
-from respcoord._watcher import WatchStatus
+from respcoord._watch import STREAMS_PER_CONNECTION, WatchStatus
 
 __all__ = [
     "MAX_REQUEST_ID_BYTES",
     "MAX_SESSION_ID_BYTES",
+    "STREAMS_PER_CONNECTION",
     "Aborted",
     "AlreadyFinished",
     "Cancelled",

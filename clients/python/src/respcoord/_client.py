@@ -33,8 +33,9 @@ from respcoord._errors import (
     RespcoordError,
     Unavailable,
 )
+from respcoord._fencing import Liveness, StopCallback, Tracks
 from respcoord._retry import RetryPolicy, with_retry
-from respcoord._watcher import Liveness, StopCallback, Tracks, Watcher, WatchStatus
+from respcoord._watch import Watches, WatchStatus
 from respcoord.v1 import coordinator_pb2 as pb
 from respcoord.v1 import coordinator_pb2_grpc as pb_grpc
 
@@ -186,15 +187,17 @@ def _auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {trimmed}"),)
 
 
-def _channel(
+def _channels(
     target: _Target,
     tls: TlsOptions | None,
     retry: RetryPolicy,
     *,
     private_connection: bool,
-) -> grpc.aio.Channel:
+) -> Callable[[], grpc.aio.Channel]:
+    """Makes channels to ``target``; the settings (TLS files included) are
+    read and checked now, once."""
     options: list[tuple[str, str | int]] = [
-        # Notice a dead peer on an otherwise quiet connection (the watch).
+        # Notice a dead peer on an otherwise quiet connection (a watch).
         ("grpc.keepalive_time_ms", 10_000),
         ("grpc.keepalive_timeout_ms", 5_000),
         ("grpc.keepalive_permit_without_calls", 1),
@@ -205,14 +208,14 @@ def _channel(
         ("grpc.max_reconnect_backoff_ms", max(int(retry.max_backoff * 1000), 10)),
     ]
     if private_connection:
-        # The watch gets its own connection, so calls and the long-lived
-        # stream never share HTTP/2 flow control.
+        # Each channel of the watch pool gets a connection of its own, so
+        # calls and the long-lived streams never share HTTP/2 flow control.
         options.append(("grpc.use_local_subchannel_pool", 1))
     if tls is not None and tls.domain is not None:
         options.append(("grpc.ssl_target_name_override", tls.domain))
         options.append(("grpc.default_authority", tls.domain))
     if not target.tls:
-        return grpc.aio.insecure_channel(target.address, options=options)
+        return lambda: grpc.aio.insecure_channel(target.address, options=options)
     tls = tls or TlsOptions()
     if (tls.cert is None) != (tls.key is None):
         raise ConfigError("tls.cert", "tls.cert and tls.key go together (mutual TLS needs both)")
@@ -221,7 +224,7 @@ def _channel(
         private_key=_read_pem("tls.key", tls.key),
         certificate_chain=_read_pem("tls.cert", tls.cert),
     )
-    return grpc.aio.secure_channel(target.address, credentials, options=options)
+    return lambda: grpc.aio.secure_channel(target.address, credentials, options=options)
 
 
 def _stub(channel: grpc.aio.Channel) -> ResponseCoordinatorAsyncStub:
@@ -229,28 +232,32 @@ def _stub(channel: grpc.aio.Channel) -> ResponseCoordinatorAsyncStub:
 
 
 class Client:
-    """A connection to respcoord: one channel for calls, one for the shared
-    watch. Use it from one event loop; close it (``async with`` or
-    :meth:`close`) to release its responses and connections."""
+    """A connection to respcoord: one channel for calls, and a pool of
+    channels for the session watches (one Watch stream per session where
+    this client has a live response). Use it from one event loop; close it
+    (``async with`` or :meth:`close`) to release its responses and
+    connections."""
 
     def __init__(
         self,
         *,
         channel: grpc.aio.Channel,
-        watch_channel: grpc.aio.Channel,
+        watch_channels: Callable[[], grpc.aio.Channel],
         metadata: tuple[tuple[str, str], ...],
         retry: RetryPolicy,
     ) -> None:
-        """Use :meth:`connect`."""
+        """Use :meth:`connect`. ``watch_channels`` makes the watch pool's
+        channels, each a connection of its own."""
         self._channel = channel
-        self._watch_channel = watch_channel
         self._stub = _stub(channel)
-        self._watch_stub = _stub(watch_channel)
         self._metadata = metadata
         self._retry = retry
         self._tracks = Tracks()
-        self._watcher: Watcher | None = None
-        self._watcher_ready: asyncio.Task[None] | None = None
+
+        def connect_watches() -> _WatchConnection:
+            return _WatchConnection(watch_channels(), metadata, retry)
+
+        self._watches = Watches(connect_watches, self._tracks, retry)
         self._closed = False
 
     @classmethod
@@ -267,15 +274,17 @@ class Client:
         """Connects to ``target`` (``host:port``, ``http://host:port`` or
         ``https://host:port``; ``host:port`` means TLS when ``tls`` is
         given). ``token`` goes as ``authorization: Bearer`` on every call,
-        the watch included. Raises :class:`Unavailable` if the coordinator
+        the watches included. Raises :class:`Unavailable` if the coordinator
         cannot be reached within ``connect_timeout`` seconds, unless
         ``lazy`` (then the first calls connect, retried like any call)."""
         parsed = _parse_target(target, tls)
         metadata = _auth_metadata(token)
         policy = retry or RetryPolicy()
-        channel = _channel(parsed, tls, policy, private_connection=False)
-        watch_channel = _channel(parsed, tls, policy, private_connection=True)
-        client = cls(channel=channel, watch_channel=watch_channel, metadata=metadata, retry=policy)
+        channel = _channels(parsed, tls, policy, private_connection=False)()
+        watch_channels = _channels(parsed, tls, policy, private_connection=True)
+        client = cls(
+            channel=channel, watch_channels=watch_channels, metadata=metadata, retry=policy
+        )
         if lazy:
             return client
         try:
@@ -301,9 +310,9 @@ class Client:
         self._check_open()
         return Session(self, validate_session_id(session_id))
 
-    def watch_status(self) -> WatchStatus | None:
-        """How the shared watch is doing (``None`` before the first Start)."""
-        return None if self._watcher is None else self._watcher.status()
+    def watch_status(self) -> WatchStatus:
+        """How this client's session watches are doing."""
+        return self._watches.status()
 
     async def get_state(self, session_id: str) -> SessionState:
         """GetState. Idempotent: retried."""
@@ -312,19 +321,15 @@ class Client:
         return state_from_wire(reply.state)
 
     async def close(self) -> None:
-        """Stops the watch, fails every fence of this client closed (reason
-        ``RELEASED``: nothing can learn about stops any more) and closes both
-        connections. Idempotent."""
+        """Fails every fence of this client closed (reason ``RELEASED``:
+        nothing can learn about stops any more), stops the session watches
+        and closes every connection. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._tracks.release_all()
-        if self._watcher_ready is not None and not self._watcher_ready.done():
-            self._watcher_ready.cancel()
-        if self._watcher is not None:
-            await self._watcher.stop()
+        await self._watches.close()
         await self._channel.close(None)
-        await self._watch_channel.close(None)
 
     async def __aenter__(self) -> Self:
         return self
@@ -360,62 +365,40 @@ class Client:
 
         return await with_retry(policy, attempt)
 
-    async def _list_page(self, page_token: str) -> pb.ListSessionsResponse:
-        request = pb.ListSessionsRequest(page_size=1000, page_token=page_token)
-        return await self._call(self._watch_stub.ListSessions, request, idempotent=True)
 
-    def _open_watch(
-        self, after_seq: int
-    ) -> grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.WatchResponse]:
-        request = pb.WatchRequest(session_id="", after_seq=after_seq)
-        return self._watch_stub.Watch(request, metadata=self._metadata)
+class _WatchConnection:
+    """One connection of the watch pool: the session watches' transport."""
 
-    async def _ensure_watcher(self) -> None:
-        """Starts the shared watch if it is not running, positioned before
-        anything about to start."""
-        self._check_open()
-        if self._watcher is not None:
-            return
-        if self._watcher_ready is None:
-            self._watcher_ready = asyncio.create_task(self._start_watcher())
-        ready = self._watcher_ready
-        try:
-            # Shielded: one caller's cancellation must not cancel the start
-            # the others wait on.
-            await asyncio.shield(ready)
-        except BaseException:
-            if ready.done() and self._watcher_ready is ready and self._watcher is None:
-                # A failed start of the watch is retried by the next Start.
-                self._watcher_ready = None
-            raise
+    __slots__ = ("_channel", "_metadata", "_retry", "_stub")
 
-    async def _start_watcher(self) -> None:
-        # The list's seq is a position no later than now: every event of a
-        # Start sent after this is behind it on the stream.
-        page = await self._call(
-            self._stub.ListSessions,
-            pb.ListSessionsRequest(page_size=1, page_token=""),
-            idempotent=True,
-        )
-        self._check_open()
-        self._watcher = Watcher(_WatchTransport(self), self._tracks, self._retry, page.seq)
-
-
-class _WatchTransport:
-    """The watch's view of its client: the second connection's calls."""
-
-    __slots__ = ("_client",)
-
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        metadata: tuple[tuple[str, str], ...],
+        retry: RetryPolicy,
+    ) -> None:
+        self._channel = channel
+        self._stub = _stub(channel)
+        self._metadata = metadata
+        self._retry = retry
 
     def open_watch(
-        self, after_seq: int
+        self, session_id: str, after_revision: int
     ) -> grpc.aio.UnaryStreamCall[pb.WatchRequest, pb.WatchResponse]:
-        return self._client._open_watch(after_seq)
+        request = pb.WatchRequest(session_id=session_id, after_revision=after_revision)
+        return self._stub.Watch(request, metadata=self._metadata)
 
-    def list_page(self, page_token: str) -> Awaitable[pb.ListSessionsResponse]:
-        return self._client._list_page(page_token)
+    async def get_state(self, session_id: str) -> pb.SessionState:
+        request = pb.GetStateRequest(session_id=session_id)
+
+        def attempt(timeout: float) -> Awaitable[pb.GetStateResponse]:
+            return self._stub.GetState(request, metadata=self._metadata, timeout=timeout)
+
+        reply = await with_retry(self._retry, attempt)
+        return reply.state
+
+    async def close(self) -> None:
+        await self._channel.close(None)
 
 
 class Fence:
@@ -511,8 +494,9 @@ RunOutcome: TypeAlias = Completed[_T] | Failed | Stopped
 
 
 class Session:
-    """A handle on one session. Cheap: the client tracks a session's events
-    while a Start on it is in flight or a response of it is live."""
+    """A handle on one session. Cheap: the client tracks a session while a
+    Start on it is in flight or a response of it is live, and watches it
+    while a response of it is live."""
 
     __slots__ = ("client", "id")
 
@@ -538,17 +522,21 @@ class Session:
             request_id=new_request_id() if request_id is None else _validate_request_id(request_id),
         )
         client = self.client
-        # Tracked before the Start goes out, and the watch positioned before it.
+        # Tracked while the Start is in flight (a local count, nothing is
+        # sent before the Start): what the table learns meanwhile is kept.
         ref = client._tracks.track(self.id)
         try:
-            await client._ensure_watcher()
             reply = await client._call(client._stub.Start, request, idempotent=True)
         except BaseException:
             ref.release()
             raise
         liveness = Liveness(reply.response_id)
         state = state_from_wire(reply.state)
-        if reply.replayed and state.response_id != reply.response_id:
+        if client._closed:
+            # Closed while the Start was in flight: nothing can learn about
+            # its stop any more.
+            liveness.stop(StopReason.RELEASED)
+        elif reply.replayed and state.response_id != reply.response_id:
             # A retry of a Start that applied earlier, whose response has
             # since been replaced or ended.
             liveness.stop(
@@ -558,7 +546,12 @@ class Session:
                 if state.phase == Phase.ACTIVE
                 else StopReason.GONE
             )
-        client._tracks.register(ref, liveness)
+        # The session's watch (if this is its only live response) replays
+        # from the reply's revision: a stop that lands before the watch
+        # opens is not missed.
+        order = client._tracks.register(ref, liveness, reply.state.revision, not reply.replayed)
+        if order is not None:
+            client._watches.open(order)
 
         def untrack(_: StopReason) -> None:
             client._tracks.unregister(ref, liveness)

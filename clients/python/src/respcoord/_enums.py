@@ -48,8 +48,8 @@ class StopReason(enum.StrEnum):
     an operator)."""
     GONE = "gone"
     """The coordinator no longer has it live and the watch could not see how
-    it ended: found by a re-list after OUT_OF_RANGE, e.g. after a restart of
-    an in-memory coordinator."""
+    it ended: found by a state read (GetState) after the session's watch
+    broke, e.g. NOT_FOUND after a restart of an in-memory coordinator."""
     FINISHED = "finished"
     """Local: this handle reported Finish."""
     RELEASED = "released"

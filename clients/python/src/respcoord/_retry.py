@@ -23,7 +23,7 @@ class RetryPolicy:
     """How calls are retried. Only calls that are safe to repeat are retried
     at all: Start (it always carries a request id, so a repeat is a replay),
     Finish (its id fences it), Cancel with ``if_response_id``, Shutdown,
-    GetState and ListSessions."""
+    GetState (the session watches' state reads included)."""
 
     attempt_timeout: float = 2.0
     """One attempt may take this long, in seconds (sent as ``grpc-timeout``)."""
