@@ -10,6 +10,7 @@
 
 pub mod codec;
 pub mod ids;
+pub mod timeline;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod v1 {

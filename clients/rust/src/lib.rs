@@ -382,13 +382,7 @@ pub fn new_request_id() -> String {
 
 /// The proto enum name without its prefix, lower case: `PHASE_ACTIVE` is
 /// `active`. For readable output.
-pub fn short_name(full: &str) -> String {
-    let short = ["PHASE_", "SOURCE_", "TERMINAL_STATUS_", "CANCEL_REASON_"]
-        .iter()
-        .find_map(|prefix| full.strip_prefix(prefix))
-        .unwrap_or(full);
-    short.to_ascii_lowercase()
-}
+pub use respcoord_proto::timeline::short_name;
 
 #[cfg(test)]
 mod tests {

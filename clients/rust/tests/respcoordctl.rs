@@ -410,3 +410,115 @@ async fn respcoordctl_sends_the_token_from_a_file_or_the_environment() {
     assert!(missing.stderr.contains("--token-file"));
     server.stop().await;
 }
+
+/// `timeline` against a real session: a Start, a VAD Start that supersedes
+/// it, a Cancel; as JSON and as text, from a history that lost its first
+/// events, and `--follow` printing a change live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn respcoordctl_timeline_reads_who_stopped_each_response() {
+    let mut config = ServerConfig::default();
+    config.registry.session_history = 8;
+    let server = Served::start(config).await;
+    let e = server.endpoint();
+    for args in [
+        &["start", "call-t", "--source", "client"][..],
+        &["start", "call-t", "--source", "vad"],
+        &["cancel", "call-t", "--source", "vad"],
+    ] {
+        assert_eq!(ctl(&e, args, &[]).await.code, 0);
+    }
+    let timeline = json(&ctl(&e, &["-o", "json", "timeline", "call-t"], &[]).await);
+    assert_eq!(timeline["state"]["revision"], 6);
+    assert_eq!(timeline["oldest_revision"], 0);
+    let responses = timeline["responses"].as_array().unwrap();
+    assert_eq!(responses.len(), 2, "{timeline}");
+    let (first, second) = (&responses[0], &responses[1]);
+    assert_eq!(first["source"], "client");
+    assert_eq!(first["status"], "cancelled");
+    assert_eq!(first["reason"], "superseded");
+    assert_eq!(first["superseded_by"], second["response_id"]);
+    assert_eq!(first["superseded_by_source"], "vad");
+    assert_eq!(second["source"], "vad");
+    assert_eq!(second["reason"], "requested");
+    assert_eq!(second["superseded_by"], serde_json::Value::Null);
+    assert!(first["duration_ms"].as_f64().unwrap() >= 0.0);
+
+    let text = ctl(&e, &["timeline", "call-t"], &[]).await;
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    let second_id = second["response_id"].as_u64().unwrap();
+    assert!(
+        text.stdout
+            .contains(&format!("superseded by {second_id} (vad)")),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout.contains("cancelled: requested"),
+        "{}",
+        text.stdout
+    );
+
+    // Four more responses: 8 retained events no longer reach revision 1.
+    for _ in 0..4 {
+        assert_eq!(ctl(&e, &["start", "call-t"], &[]).await.code, 0);
+    }
+    let later = json(&ctl(&e, &["-o", "json", "timeline", "call-t"], &[]).await);
+    let oldest = later["oldest_revision"].as_u64().unwrap();
+    let revision = later["state"]["revision"].as_u64().unwrap();
+    assert_eq!(revision, 6 + 1 + 3 * 3);
+    assert_eq!(oldest, revision - 8, "{later}");
+
+    // --follow: the retained history, then a new Start as it happens, then
+    // the teardown ends it.
+    let mut follow = tokio::process::Command::new(CTL)
+        .args(["-o", "json", "timeline", "call-t", "--follow"])
+        .env("RESPCOORDCTL_ENDPOINT", &e)
+        .env_remove("RESPCOORDCTL_TOKEN")
+        .env_remove("RESPCOORDCTL_OUTPUT")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn respcoordctl timeline --follow");
+    let stdout = follow.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    for _ in 0..8 {
+        let change = next_change(&mut lines).await;
+        assert!(change["event"]["revision"].as_u64().unwrap() <= revision);
+    }
+    let started = json(
+        &ctl(
+            &e,
+            &["-o", "json", "start", "call-t", "--source", "vad"],
+            &[],
+        )
+        .await,
+    );
+    let new_id = started["response_id"].as_u64().unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        seen.push(next_change(&mut lines).await);
+    }
+    assert_eq!(seen[2]["event"]["kind"], "started");
+    assert_eq!(seen[2]["event"]["response_id"], new_id);
+    let stopped = &seen[2]["responses"][1];
+    assert_eq!(stopped["superseded_by"], new_id, "{}", seen[2]);
+    assert_eq!(ctl(&e, &["shutdown", "call-t"], &[]).await.code, 0);
+    let status = tokio::time::timeout(std::time::Duration::from_secs(20), follow.wait())
+        .await
+        .expect("--follow ends with the session")
+        .unwrap();
+    assert!(status.success());
+    server.stop().await;
+}
+
+/// The next line of a `--follow -o json`, as JSON.
+async fn next_change<R: tokio::io::AsyncBufRead + Unpin>(
+    lines: &mut tokio::io::Lines<R>,
+) -> serde_json::Value {
+    let line = tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("a line in time")
+        .expect("stdout readable")
+        .expect("a line before the end");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}

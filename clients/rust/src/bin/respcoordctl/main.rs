@@ -23,6 +23,7 @@ use tonic::Code;
 
 mod connect;
 mod output;
+mod timeline;
 
 use connect::ConnectArgs;
 
@@ -123,6 +124,14 @@ enum Command {
         /// Exit after this many events.
         #[arg(long)]
         limit: Option<usize>,
+    },
+    /// One session's responses as a timeline: who started each, when, how
+    /// it ended and why (superseded by which Start, cancelled, shut down).
+    Timeline {
+        session: String,
+        /// Keep printing each change until the session ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
     },
     /// Start a response (superseding the live one).
     Start {
@@ -250,6 +259,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 }
             }
             watch(&client, &out, request, bookmarks, limit).await?;
+        }
+        Command::Timeline { session, follow } => {
+            timeline::run(&client, &out, &session, follow).await?;
         }
         Command::Start {
             session,

@@ -6,42 +6,20 @@ use std::{
     time::{Duration, UNIX_EPOCH},
 };
 
-use respcoord_client::{
-    pb::{self, lifecycle_event::Kind},
-    short_name,
-};
+use respcoord_client::{pb, short_name};
+use respcoord_proto::timeline::{EventJson, StateJson};
 use serde::Serialize;
 
 use crate::Output;
 
-#[derive(Serialize)]
-pub(crate) struct StateOut {
-    pub(crate) session_id: String,
-    pub(crate) phase: String,
-    pub(crate) active_response_id: u64,
-    pub(crate) active_source: String,
-    pub(crate) revision: u64,
-    pub(crate) responses_started: u64,
-}
-
-impl From<&pb::SessionState> for StateOut {
-    fn from(state: &pb::SessionState) -> Self {
-        Self {
-            session_id: state.session_id.clone(),
-            phase: short_name(state.phase().as_str_name()),
-            active_response_id: state.active_response_id,
-            active_source: short_name(state.active_source().as_str_name()),
-            revision: state.revision,
-            responses_started: state.responses_started,
-        }
-    }
-}
+/// A session's state: the same JSON as the web view's (docs/web-ui.md).
+pub(crate) type StateOut<'a> = StateJson<'a>;
 
 #[derive(Serialize)]
-pub(crate) struct ListOut {
+pub(crate) struct ListOut<'a> {
     /// Every event with seq <= this is reflected (resume a watch-all here).
     pub(crate) seq: u64,
-    pub(crate) sessions: Vec<StateOut>,
+    pub(crate) sessions: Vec<StateOut<'a>>,
 }
 
 #[derive(Serialize)]
@@ -50,20 +28,20 @@ pub(crate) struct StartOut<'a> {
     pub(crate) superseded_response_id: u64,
     pub(crate) replayed: bool,
     pub(crate) request_id: &'a str,
-    pub(crate) state: StateOut,
+    pub(crate) state: StateOut<'a>,
 }
 
 #[derive(Serialize)]
-pub(crate) struct FinishOut {
+pub(crate) struct FinishOut<'a> {
     pub(crate) response_id: u64,
     pub(crate) applied: bool,
-    pub(crate) state: StateOut,
+    pub(crate) state: StateOut<'a>,
 }
 
 #[derive(Serialize)]
-pub(crate) struct CancelOut {
+pub(crate) struct CancelOut<'a> {
     pub(crate) cancelled_response_id: u64,
-    pub(crate) state: StateOut,
+    pub(crate) state: StateOut<'a>,
 }
 
 #[derive(Serialize)]
@@ -76,52 +54,29 @@ pub(crate) struct EventOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) response_id: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) source: Option<String>,
+    pub(crate) source: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) status: Option<String>,
+    pub(crate) status: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) reason: Option<String>,
+    pub(crate) reason: Option<&'static str>,
 }
 
+/// `watch`'s JSON keeps its own names (`event`, `unix_nanos`); what each
+/// event says is read as the timeline's JSON reads it.
 impl<'a> From<&'a pb::LifecycleEvent> for EventOut<'a> {
     fn from(event: &'a pb::LifecycleEvent) -> Self {
-        let mut out = EventOut {
-            session_id: &event.session_id,
-            revision: event.revision,
-            seq: event.seq,
+        let json = EventJson::from(event);
+        EventOut {
+            session_id: json.session_id,
+            revision: json.revision,
+            seq: json.seq,
             unix_nanos: event.unix_nanos,
-            event: "unknown",
-            response_id: None,
-            source: None,
-            status: None,
-            reason: None,
-        };
-        match &event.kind {
-            Some(Kind::Started(s)) => {
-                out.event = "started";
-                out.response_id = Some(s.response_id);
-                out.source = Some(short_name(s.source().as_str_name()));
-            }
-            Some(Kind::CancelRequested(c)) => {
-                out.event = "cancel_requested";
-                out.response_id = Some(c.response_id);
-                out.reason = Some(short_name(c.reason().as_str_name()));
-            }
-            Some(Kind::Ended(e)) => {
-                out.event = "ended";
-                out.response_id = Some(e.response_id);
-                out.status = Some(short_name(e.status().as_str_name()));
-                if e.reason() != pb::CancelReason::Unspecified {
-                    out.reason = Some(short_name(e.reason().as_str_name()));
-                }
-            }
-            Some(Kind::Terminated(t)) => {
-                out.event = "terminated";
-                out.reason = Some(short_name(t.reason().as_str_name()));
-            }
-            None => {}
+            event: json.kind,
+            response_id: json.response_id,
+            source: json.source,
+            status: json.status,
+            reason: json.reason,
         }
-        out
     }
 }
 
