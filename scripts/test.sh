@@ -27,7 +27,7 @@ export RESPCOORD_TEST_NATS_URL RESPCOORD_TEST_NATS_SERVER \
 cargo test --locked --workspace --all-targets --features respcoord-client/cli "$@"
 # The whole end-to-end suite again, against the NATS JetStream backend.
 e2e=(--test e2e_semantics --test e2e_watch --test e2e_validation --test e2e_concurrency)
-RESPCOORD_TEST_BACKEND=nats cargo test --locked "${e2e[@]}" "$@"
+RESPCOORD_TEST_BACKEND=nats cargo test --locked "${e2e[@]}" --test web_ui "$@"
 # Each release line as a three-node cluster: the end-to-end suite and the
 # replicas test on a replicated (R3) bucket, and the three-node test with a
 # node killed mid-load (the newest line ran it above).

@@ -345,6 +345,12 @@ pub struct ServeArgs {
     #[arg(long, env = "RESPCOORD_METRICS_LISTEN", value_parser = listen_address)]
     pub metrics_listen: Option<SocketAddr>,
 
+    /// Serve the read-only web view (the sessions and each session's
+    /// timeline, live) at /ui/ on the metrics port; with --auth-tokens it
+    /// asks for a token and shows only that token's sessions.
+    #[arg(long, env = "RESPCOORD_WEB_UI", requires = "metrics_listen")]
+    pub web_ui: bool,
+
     /// Longest a call may run; a shorter `grpc-timeout` from the caller wins.
     #[arg(long, env = "RESPCOORD_REQUEST_TIMEOUT", default_value = "30s", value_parser = positive_duration)]
     pub request_timeout: Duration,

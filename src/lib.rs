@@ -57,6 +57,9 @@
 //! - [`metrics`] — OpenTelemetry instruments, Prometheus `/metrics` with
 //!   `/healthz` and `/readyz` on the metrics port, OTLP metric export;
 //!   `metrics/process.rs` the process series from procfs.
+//! - [`web`] — the read-only web view (`--web-ui`): the sessions and one
+//!   session's timeline in a browser, over the service's own calls;
+//!   `web/feed.rs` relays watches as server-sent events.
 //! - [`config`] — flags and `RESPCOORD_*` environment variables.
 //! - [`telemetry`] — logging; OTLP trace export and W3C trace context.
 //! - [`error`] — the typed errors every layer shares.
@@ -91,3 +94,4 @@ pub mod stats;
 mod sync;
 pub mod telemetry;
 pub mod watchers;
+pub mod web;

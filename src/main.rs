@@ -119,6 +119,7 @@ fn main() -> ExitCode {
             auth_tokens = args.auth_tokens.as_ref().map_or(0, |t| t.len()),
             otlp_traces = signals.traces,
             otlp_metrics = signals.metrics,
+            web_ui = args.web_ui,
             "respcoord serving"
         );
         if args.auth_tokens.is_none() && !args.listen.ip().is_loopback() {
@@ -135,6 +136,7 @@ fn main() -> ExitCode {
             tls,
             auth: args.auth_tokens.clone(),
             otlp_metrics: signals.metrics,
+            web_ui: args.web_ui,
         };
         let listeners = Listeners { grpc, metrics };
         match server::serve_coordinator(coordinator, config, listeners, shutdown_signal()).await {

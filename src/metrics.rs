@@ -449,11 +449,11 @@ async fn ready(State(port): State<Port>) -> impl IntoResponse {
     }
 }
 
-/// Serves [`router`] on `listener` until `stop` resolves.
+/// Serves `routes` ([`router`], and the web view's when it is on) on
+/// `listener` until `stop` resolves.
 pub async fn serve_port(
     listener: TcpListener,
-    metrics: Arc<Metrics>,
-    readiness: Readiness,
+    routes: Router,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
@@ -461,7 +461,7 @@ pub async fn serve_port(
         addr = addr.map(tracing::field::display),
         "metrics port serving /metrics, /healthz, /readyz"
     );
-    axum::serve(listener, router(metrics, readiness))
+    axum::serve(listener, routes)
         .with_graceful_shutdown(stop)
         .await
 }

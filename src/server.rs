@@ -50,6 +50,7 @@ use crate::{
     proto::{self, v1::response_coordinator_server::ResponseCoordinatorServer},
     registry::Registry,
     shared::RegistryConfig,
+    web,
 };
 
 #[derive(Clone, Debug)]
@@ -65,6 +66,8 @@ pub struct ServerConfig {
     pub auth: Option<Tokens>,
     /// Also push metrics over OTLP (`telemetry::OtlpSignals`).
     pub otlp_metrics: bool,
+    /// Serve the read-only web view on the metrics port (`web`).
+    pub web_ui: bool,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +80,7 @@ impl Default for ServerConfig {
             tls: None,
             auth: None,
             otlp_metrics: false,
+            web_ui: false,
         }
     }
 }
@@ -181,7 +185,11 @@ pub async fn serve_coordinator(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    let service = CoordinatorService::new(backend.clone(), config.watch, stop.clone());
+    let service = Arc::new(CoordinatorService::new(
+        backend.clone(),
+        config.watch,
+        stop.clone(),
+    ));
     let metrics = Arc::new(Metrics::new(
         Sources {
             coordinator: backend.clone(),
@@ -191,12 +199,16 @@ pub async fn serve_coordinator(
     )?);
 
     let limits = config.limits;
-    let coordinator = ResponseCoordinatorServer::new(service)
+    let authenticator = Authenticator::new(config.auth.clone());
+    let web = config
+        .web_ui
+        .then(|| web::WebView::new(Arc::clone(&service), authenticator.clone()));
+    let coordinator = ResponseCoordinatorServer::from_arc(service)
         .max_decoding_message_size(limits.max_message_bytes)
         .max_encoding_message_size(limits.max_message_bytes);
     // Always behind the authenticator, with or without tokens: the service
     // refuses a call that carries no caller scope (`auth::caller_scope`).
-    let coordinator = InterceptedService::new(coordinator, Authenticator::new(config.auth.clone()));
+    let coordinator = InterceptedService::new(coordinator, authenticator);
     let in_flight = GlobalConcurrencyLimitLayer::new(limits.max_concurrent_calls);
     let max_in_flight = limits.max_concurrent_calls;
 
@@ -216,10 +228,13 @@ pub async fn serve_coordinator(
     });
     let port_stop = CancellationToken::new();
     let port = listeners.metrics.map(|listener| {
+        let mut routes = metrics::router(Arc::clone(&metrics), readiness.clone());
+        if let Some(web) = web {
+            routes = routes.merge(web::router(web));
+        }
         tokio::spawn(metrics::serve_port(
             listener,
-            Arc::clone(&metrics),
-            readiness.clone(),
+            routes,
             port_stop.clone().cancelled_owned(),
         ))
     });

@@ -262,6 +262,15 @@ impl SessionChange {
     }
 }
 
+/// The revision a watch can resume after, as a Watch's OUT_OF_RANGE answer
+/// states it ("... (resume from N or later) ..."): where a session's
+/// retained history now starts, so a timeline can read from there.
+pub fn resume_point(message: &str) -> Option<u64> {
+    let rest = message.split("resume from ").nth(1)?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
 /// A contract enum's value name without its prefix, lower case
 /// (`SOURCE_VAD` → `vad`), as the tools print and the web view's JSON says.
 pub fn short_name(full: &'static str) -> &'static str {

@@ -445,7 +445,7 @@ async fn respcoordctl_timeline_reads_who_stopped_each_response() {
 
     let text = ctl(&e, &["timeline", "call-t"], &[]).await;
     assert_eq!(text.code, 0, "{}", text.stderr);
-    let second_id = second["response_id"].as_u64().unwrap();
+    let second_id = second["response_id"].as_str().unwrap();
     assert!(
         text.stdout
             .contains(&format!("superseded by {second_id} (vad)")),
@@ -493,15 +493,15 @@ async fn respcoordctl_timeline_reads_who_stopped_each_response() {
         )
         .await,
     );
-    let new_id = started["response_id"].as_u64().unwrap();
+    let new_id = started["response_id"].as_u64().unwrap().to_string();
     let mut seen = Vec::new();
     while seen.len() < 3 {
         seen.push(next_change(&mut lines).await);
     }
     assert_eq!(seen[2]["event"]["kind"], "started");
-    assert_eq!(seen[2]["event"]["response_id"], new_id);
+    assert_eq!(seen[2]["event"]["response_id"], new_id.as_str());
     let stopped = &seen[2]["responses"][1];
-    assert_eq!(stopped["superseded_by"], new_id, "{}", seen[2]);
+    assert_eq!(stopped["superseded_by"], new_id.as_str(), "{}", seen[2]);
     assert_eq!(ctl(&e, &["shutdown", "call-t"], &[]).await.code, 0);
     let status = tokio::time::timeout(std::time::Duration::from_secs(20), follow.wait())
         .await

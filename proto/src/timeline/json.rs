@@ -8,6 +8,22 @@ use serde::Serialize;
 use super::{short_name, ResponseRow, SessionChange, Stamp, Teardown};
 use crate::v1::{self as pb, lifecycle_event::Kind};
 
+/// Response ids as decimal strings: they are 64-bit, past what a JSON
+/// number keeps exactly in JavaScript (ids a few apart would collide).
+fn id_text<S: serde::Serializer>(id: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(id)
+}
+
+fn optional_id_text<S: serde::Serializer>(
+    id: &Option<u64>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match id {
+        Some(id) => serializer.collect_str(id),
+        None => serializer.serialize_none(),
+    }
+}
+
 fn millis(unix_nanos: i64) -> f64 {
     unix_nanos as f64 / 1e6
 }
@@ -19,6 +35,7 @@ fn stamp_millis(stamp: Option<Stamp>) -> Option<f64> {
 /// One response row.
 #[derive(Serialize)]
 pub struct ResponseJson {
+    #[serde(serialize_with = "id_text")]
     pub response_id: u64,
     pub source: &'static str,
     pub started_ms: Option<f64>,
@@ -29,6 +46,7 @@ pub struct ResponseJson {
     /// Why a cancelled response stopped; `None` unless cancelled.
     pub reason: Option<&'static str>,
     pub duration_ms: Option<f64>,
+    #[serde(serialize_with = "optional_id_text")]
     pub superseded_by: Option<u64>,
     pub superseded_by_source: Option<&'static str>,
 }
@@ -82,7 +100,10 @@ pub struct EventJson<'a> {
     pub seq: u64,
     pub time_ms: f64,
     pub kind: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "optional_id_text"
+    )]
     pub response_id: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<&'static str>,
@@ -139,6 +160,7 @@ impl<'a> From<&'a pb::LifecycleEvent> for EventJson<'a> {
 pub struct StateJson<'a> {
     pub session_id: &'a str,
     pub phase: &'static str,
+    #[serde(serialize_with = "id_text")]
     pub active_response_id: u64,
     pub active_source: &'static str,
     pub revision: u64,
@@ -163,6 +185,7 @@ impl<'a> From<&'a pb::SessionState> for StateJson<'a> {
 pub struct SessionChangeJson<'a> {
     pub session_id: &'a str,
     pub phase: &'static str,
+    #[serde(serialize_with = "id_text")]
     pub active_response_id: u64,
     pub active_source: &'static str,
     pub revision: u64,

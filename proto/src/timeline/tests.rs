@@ -248,6 +248,14 @@ fn the_session_after_each_event_ends_where_its_transition_left_it() {
 }
 
 #[test]
+fn the_resume_point_is_read_from_an_out_of_range_answer() {
+    let message = "after_revision=0 is no longer retained (resume from 1180 or later); \
+                   re-read the state and watch from its revision";
+    assert_eq!(resume_point(message), Some(1180));
+    assert_eq!(resume_point("something else"), None);
+}
+
+#[test]
 fn every_value_of_the_contract_enums_has_a_short_lower_case_name() {
     let names = (0..8)
         .filter_map(|n| pb::Phase::try_from(n).ok().map(|v| v.as_str_name()))
@@ -287,11 +295,11 @@ fn rows_and_events_as_json() {
     assert_eq!(
         row,
         serde_json::json!({
-            "response_id": 1, "source": "client",
+            "response_id": "1", "source": "client",
             "started_ms": 1000.0, "started_revision": 1,
             "cancel_requested_ms": 2500.0, "ended_ms": 2500.0,
             "status": "cancelled", "reason": "superseded", "duration_ms": 1500.0,
-            "superseded_by": 2, "superseded_by_source": "vad",
+            "superseded_by": "2", "superseded_by_source": "vad",
         })
     );
     let live = serde_json::to_value(ResponseJson::from(timeline.response(2).unwrap())).unwrap();
@@ -302,7 +310,7 @@ fn rows_and_events_as_json() {
         event,
         serde_json::json!({
             "session_id": "call-1", "revision": 3, "seq": 103, "time_ms": 2500.0,
-            "kind": "ended", "response_id": 1, "status": "cancelled", "reason": "superseded",
+            "kind": "ended", "response_id": "1", "status": "cancelled", "reason": "superseded",
         })
     );
 }

@@ -7,19 +7,41 @@ use std::{
 };
 
 use respcoord_client::{pb, short_name};
-use respcoord_proto::timeline::{EventJson, StateJson};
+use respcoord_proto::timeline::EventJson;
 use serde::Serialize;
 
 use crate::Output;
 
-/// A session's state: the same JSON as the web view's (docs/web-ui.md).
-pub(crate) type StateOut<'a> = StateJson<'a>;
+/// The established JSON of `get`, `list`, `start`, ...: ids as numbers
+/// (the timeline's JSON, shared with the web view, has them as strings).
+#[derive(Serialize)]
+pub(crate) struct StateOut {
+    pub(crate) session_id: String,
+    pub(crate) phase: String,
+    pub(crate) active_response_id: u64,
+    pub(crate) active_source: String,
+    pub(crate) revision: u64,
+    pub(crate) responses_started: u64,
+}
+
+impl From<&pb::SessionState> for StateOut {
+    fn from(state: &pb::SessionState) -> Self {
+        Self {
+            session_id: state.session_id.clone(),
+            phase: short_name(state.phase().as_str_name()).to_owned(),
+            active_response_id: state.active_response_id,
+            active_source: short_name(state.active_source().as_str_name()).to_owned(),
+            revision: state.revision,
+            responses_started: state.responses_started,
+        }
+    }
+}
 
 #[derive(Serialize)]
-pub(crate) struct ListOut<'a> {
+pub(crate) struct ListOut {
     /// Every event with seq <= this is reflected (resume a watch-all here).
     pub(crate) seq: u64,
-    pub(crate) sessions: Vec<StateOut<'a>>,
+    pub(crate) sessions: Vec<StateOut>,
 }
 
 #[derive(Serialize)]
@@ -28,20 +50,20 @@ pub(crate) struct StartOut<'a> {
     pub(crate) superseded_response_id: u64,
     pub(crate) replayed: bool,
     pub(crate) request_id: &'a str,
-    pub(crate) state: StateOut<'a>,
+    pub(crate) state: StateOut,
 }
 
 #[derive(Serialize)]
-pub(crate) struct FinishOut<'a> {
+pub(crate) struct FinishOut {
     pub(crate) response_id: u64,
     pub(crate) applied: bool,
-    pub(crate) state: StateOut<'a>,
+    pub(crate) state: StateOut,
 }
 
 #[derive(Serialize)]
-pub(crate) struct CancelOut<'a> {
+pub(crate) struct CancelOut {
     pub(crate) cancelled_response_id: u64,
-    pub(crate) state: StateOut<'a>,
+    pub(crate) state: StateOut,
 }
 
 #[derive(Serialize)]

@@ -7,7 +7,8 @@
 
 use respcoord_client::{pb, Client, ClientError};
 use respcoord_proto::timeline::{
-    Changed, EventJson, ResponseJson, ResponseRow, StateJson, Teardown, TeardownJson, Timeline,
+    resume_point, Changed, EventJson, ResponseJson, ResponseRow, StateJson, Teardown, TeardownJson,
+    Timeline,
 };
 use serde::Serialize;
 use tonic::{Code, Streaming};
@@ -113,13 +114,6 @@ async fn open_history(
             "the session's history moved on while it was being read; try again",
         ),
     )))
-}
-
-/// The revision an OUT_OF_RANGE answer says a watch can resume from.
-fn resume_point(message: &str) -> Option<u64> {
-    let rest = message.split("resume from ").nth(1)?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok()
 }
 
 #[derive(Serialize)]

@@ -136,11 +136,3 @@ fn an_empty_history_says_so() {
     let lines = render(&state, &Timeline::new(), 0);
     assert_eq!(lines[1], "no responses in the retained history");
 }
-
-#[test]
-fn the_resume_point_is_read_from_the_servers_answer() {
-    let message = "after_revision=0 is no longer retained (resume from 1180 or later); \
-                   re-read the state and watch from its revision";
-    assert_eq!(resume_point(message), Some(1180));
-    assert_eq!(resume_point("something else"), None);
-}
