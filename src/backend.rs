@@ -77,10 +77,11 @@ impl Coordinator {
         &self,
         id: &SessionId,
         only_if: Option<ResponseId>,
+        source: Source,
     ) -> Result<Changed<Option<ResponseId>>, CoordError> {
         match self {
-            Coordinator::Memory(registry) => registry.cancel(id, only_if),
-            Coordinator::Nats(nats) => nats.cancel(id, only_if).await,
+            Coordinator::Memory(registry) => registry.cancel(id, only_if, source),
+            Coordinator::Nats(nats) => nats.cancel(id, only_if, source).await,
         }
     }
 

@@ -81,6 +81,9 @@ pub struct Decision {
     pub created: bool,
     /// The phase before the call (for the session counts).
     pub before: Phase,
+    /// When the response live before the call started, if known: how long
+    /// a response this call ended ran (for the metrics).
+    pub live_since: Option<i64>,
     /// The events it emitted; empty when the machine changed nothing.
     pub change: Change,
 }
@@ -126,6 +129,7 @@ pub fn decide(
     };
     session.touch(now);
     let before = session.phase();
+    let live_since = session.live_since();
     if let Some(record) = call.request_id().and_then(|r| session.replayed(r)) {
         return Ok(Decision {
             reply: Reply::Started {
@@ -136,6 +140,7 @@ pub fn decide(
             state: session.snapshot(id),
             created,
             before,
+            live_since,
             change: Change {
                 first_revision: session.revision() + 1,
                 unix_nanos: 0,
@@ -149,6 +154,7 @@ pub fn decide(
         state: session.snapshot(id),
         created,
         before,
+        live_since,
         change,
     };
     trace(id, call, &decision);
@@ -229,12 +235,14 @@ pub fn decide_expiry(
         ExpiryCheck::Forget => ExpiryDecision::Forget,
         ExpiryCheck::Expire => {
             let before = session.phase();
+            let live_since = session.live_since();
             let (outcome, change) = session.apply(&EXPIRY, stamp(), history_limit, now);
             let decision = Decision {
                 reply: reply_of(outcome),
                 state: session.snapshot(id),
                 created: false,
                 before,
+                live_since,
                 change,
             };
             trace(id, &EXPIRY, &decision);

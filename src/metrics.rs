@@ -26,6 +26,9 @@
 //! | `respcoord.events` | `respcoord_events_total` | `kind` |
 //! | `respcoord.watchers` | `respcoord_watchers` | `scope` |
 //! | `respcoord.watchers.lagged` | `respcoord_watchers_lagged_total` | `scope` |
+//! | `respcoord.responses.ended` | `respcoord_responses_ended_total` | `outcome`: `completed`, `failed`, `superseded`, `requested`, `shutdown`, `expired` |
+//! | `respcoord.responses.duration` (s, summed) | `respcoord_responses_duration_seconds_total` | `outcome` |
+//! | `respcoord.responses.stopped` | `respcoord_responses_stopped_total` | `reason`: `superseded`, `requested`, `shutdown`, `expired`; `source`: `client`, `vad`, `unspecified`, `none` |
 //! | `respcoord.sessions.expired` | `respcoord_sessions_expired_total` | |
 //! | `respcoord.request_id.replays` | `respcoord_request_id_replays_total` | |
 //! | `respcoord.nats.cas_conflicts` | `respcoord_nats_cas_conflicts_total` | |
@@ -67,7 +70,7 @@ use tokio::net::TcpListener;
 use crate::{
     backend::Coordinator,
     nats::{NatsCounts, RETRY_REASONS},
-    stats::{TransitionKind, EVENT_KINDS},
+    stats::{TransitionKind, EVENT_KINDS, OUTCOMES, STOPPERS, STOP_REASONS},
     watchers::{WatchKind, WatchStats},
 };
 
@@ -258,6 +261,61 @@ fn observe(meter: &Meter, sources: Sources) {
         .with_unit("{session}")
         .with_description("Sessions shut down for idleness (reason EXPIRED)")
         .with_callback(move |observer| observer.observe(registry.stats().expiries(), &[]))
+        .build();
+
+    let registry = sources.coordinator.clone();
+    meter
+        .u64_observable_counter("respcoord.responses.ended")
+        .with_unit("{response}")
+        .with_description(
+            "Responses ended, by outcome: completed, failed, or the reason it was stopped",
+        )
+        .with_callback(move |observer| {
+            let stats = registry.stats();
+            for (outcome, n) in OUTCOMES.into_iter().zip(stats.ended) {
+                observer.observe(n, &[KeyValue::new("outcome", outcome)]);
+            }
+        })
+        .build();
+
+    let registry = sources.coordinator.clone();
+    meter
+        .f64_observable_counter("respcoord.responses.duration")
+        .with_unit("s")
+        .with_description(
+            "Time the ended responses ran, from started to ended, summed by outcome \
+             (divide by respcoord_responses_ended_total for the mean)",
+        )
+        .with_callback(move |observer| {
+            let stats = registry.stats();
+            for (outcome, nanos) in OUTCOMES.into_iter().zip(stats.ended_nanos) {
+                observer.observe(nanos as f64 / 1e9, &[KeyValue::new("outcome", outcome)]);
+            }
+        })
+        .build();
+
+    let registry = sources.coordinator.clone();
+    meter
+        .u64_observable_counter("respcoord.responses.stopped")
+        .with_unit("{response}")
+        .with_description(
+            "Responses stopped before their Finish, by reason and by who stopped them \
+             (the source of the superseding Start or of the Cancel; none for a teardown)",
+        )
+        .with_callback(move |observer| {
+            let stats = registry.stats();
+            for (reason, row) in STOP_REASONS.into_iter().zip(stats.stopped) {
+                for (source, n) in STOPPERS.into_iter().zip(row) {
+                    observer.observe(
+                        n,
+                        &[
+                            KeyValue::new("reason", reason),
+                            KeyValue::new("source", source),
+                        ],
+                    );
+                }
+            }
+        })
         .build();
 
     let registry = sources.coordinator;

@@ -300,8 +300,9 @@ impl NatsCoordinator {
         &self,
         id: &SessionId,
         only_if: Option<ResponseId>,
+        source: Source,
     ) -> Result<Changed<Option<ResponseId>>, CoordError> {
-        let call = Call::Cancel { only_if };
+        let call = Call::Cancel { only_if, source };
         Ok(self.inner.call(id, &call).await?.cancelled())
     }
 
@@ -593,7 +594,8 @@ impl Inner {
                     revision, entry, ..
                 } => {
                     let since = entry.persisted.since;
-                    let session = Session::from_persisted(entry.persisted);
+                    let mut session = Session::from_persisted(entry.persisted);
+                    session.remember_live_since(entry.unix_nanos);
                     let presence = Presence::Stored;
                     (
                         revision,
@@ -748,6 +750,7 @@ impl Inner {
                 new_response: ResponseId::MIN,
             };
             let mut session = Session::from_persisted(entry.persisted);
+            session.remember_live_since(entry.unix_nanos);
             match decision::decide_expiry(&mut session, id, now, self.ttls, stamp, 0) {
                 ExpiryDecision::NotDue { .. } => return Ok(()),
                 ExpiryDecision::Forget => {

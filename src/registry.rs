@@ -162,8 +162,12 @@ impl Registry {
         &self,
         id: &SessionId,
         only_if: Option<ResponseId>,
+        source: crate::machine::Source,
     ) -> Result<Changed<Option<ResponseId>>, CoordError> {
-        Ok(self.inner.call(id, &Call::Cancel { only_if })?.cancelled())
+        Ok(self
+            .inner
+            .call(id, &Call::Cancel { only_if, source })?
+            .cancelled())
     }
 
     /// Shutdown creates a tombstone for an unknown id, so a later Start on it

@@ -41,6 +41,9 @@ pub enum Call {
     },
     Cancel {
         only_if: Option<ResponseId>,
+        /// Who asked: recorded for the metrics (stops by source), never
+        /// part of the transition.
+        source: Source,
     },
     Teardown {
         reason: TeardownReason,
@@ -247,6 +250,33 @@ impl Session {
         }
     }
 
+    /// When the live response started: its `started` event is the newest
+    /// one while it is live (any later transition ends it). `None` when
+    /// idle, or when that event is not retained.
+    pub fn live_since(&self) -> Option<i64> {
+        let active = self.phase().active()?;
+        let newest = self.history.oldest_first(self.revision).last()?;
+        matches!(newest.kind, EventKind::Started { response, .. } if response == active.id)
+            .then_some(newest.unix_nanos)
+    }
+
+    /// For a session rebuilt from a store that keeps its events itself
+    /// (NATS): the time of the stored record's last change, which is when
+    /// the live response started, so [`Session::live_since`] can say it.
+    pub fn remember_live_since(&mut self, last_change_unix_nanos: i64) {
+        if let Some(active) = self.phase().active() {
+            let started = RetainedEvent {
+                seq: 0,
+                unix_nanos: last_change_unix_nanos,
+                kind: EventKind::Started {
+                    response: active.id,
+                    source: active.source,
+                },
+            };
+            self.history.push(self.revision, started, 1);
+        }
+    }
+
     /// Any call naming the session keeps it alive.
     pub fn touch(&mut self, now: Millis) {
         if self.phase != PhaseKind::Terminated {
@@ -290,7 +320,7 @@ impl Session {
                 response: *response,
                 status: *status,
             },
-            Call::Cancel { only_if } => Input::Cancel { only_if: *only_if },
+            Call::Cancel { only_if, .. } => Input::Cancel { only_if: *only_if },
             Call::Teardown { reason } => Input::Teardown { reason: *reason },
         };
         let transition = machine::transition(self.phase(), input);

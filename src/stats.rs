@@ -6,7 +6,7 @@
 
 use crate::{
     decision::{Decision, Reply},
-    machine::{EventKind, Phase, TeardownReason},
+    machine::{CancelReason, Ending, EventKind, Phase, Source, TeardownReason},
     session::Call,
 };
 
@@ -89,6 +89,53 @@ fn event_index(kind: &EventKind) -> usize {
     }
 }
 
+/// How responses end, named for dashboards: the terminal status, and for a
+/// cancelled one why (`respcoord_responses_ended_total{outcome}`).
+pub const OUTCOMES: [&str; 6] = [
+    "completed",
+    "failed",
+    "superseded",
+    "requested",
+    "shutdown",
+    "expired",
+];
+
+fn outcome_index(ending: Ending) -> usize {
+    match ending {
+        Ending::Completed => 0,
+        Ending::Failed => 1,
+        Ending::Cancelled(reason) => 2 + stop_index(reason),
+    }
+}
+
+/// Why a response was stopped, indexed like the cancelled [`OUTCOMES`].
+pub const STOP_REASONS: [&str; 4] = ["superseded", "requested", "shutdown", "expired"];
+
+fn stop_index(reason: CancelReason) -> usize {
+    match reason {
+        CancelReason::Superseded => 0,
+        CancelReason::Requested => 1,
+        CancelReason::Shutdown => 2,
+        CancelReason::Expired => 3,
+    }
+}
+
+/// Who stopped a response: the source of the superseding Start or of the
+/// Cancel; `none` for a teardown (Shutdown carries no source, expiry is
+/// the coordinator's own).
+pub const STOPPERS: [&str; 4] = ["client", "vad", "unspecified", "none"];
+
+fn stopper_index(call: &Call) -> usize {
+    match call {
+        Call::Start { source, .. } | Call::Cancel { source, .. } => match source {
+            Source::Client => 0,
+            Source::Vad => 1,
+            Source::Unspecified => 2,
+        },
+        Call::Finish { .. } | Call::Teardown { .. } => 3,
+    }
+}
+
 /// Sessions held now, by phase (terminated ones are tombstones).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PhaseCounts {
@@ -117,6 +164,13 @@ pub struct CoordStats {
     pub events: [u64; 4],
     /// Starts answered from the request-id replay window since boot.
     pub replays: u64,
+    /// Responses ended since boot, indexed like [`OUTCOMES`].
+    pub ended: [u64; 6],
+    /// How long those responses ran in all, in nanoseconds, where their
+    /// start was known ([`Decision::live_since`]); indexed like [`OUTCOMES`].
+    pub ended_nanos: [u64; 6],
+    /// Responses stopped since boot, by [`STOP_REASONS`] and [`STOPPERS`].
+    pub stopped: [[u64; 4]; 4],
 }
 
 impl CoordStats {
@@ -160,6 +214,17 @@ impl CoordStats {
         }
         for kind in &decision.change.kinds {
             self.events[event_index(kind)] += 1;
+            if let EventKind::Ended { ending, .. } = kind {
+                let outcome = outcome_index(*ending);
+                self.ended[outcome] += 1;
+                if let Some(since) = decision.live_since {
+                    let ran = decision.change.unix_nanos.saturating_sub(since);
+                    self.ended_nanos[outcome] += u64::try_from(ran).unwrap_or(0);
+                }
+                if let Ending::Cancelled(reason) = ending {
+                    self.stopped[stop_index(*reason)][stopper_index(call)] += 1;
+                }
+            }
         }
     }
 
@@ -175,5 +240,168 @@ impl CoordStats {
             *sum += n;
         }
         self.replays += other.replays;
+        for (sum, n) in self.ended.iter_mut().zip(other.ended) {
+            *sum += n;
+        }
+        for (sum, n) in self.ended_nanos.iter_mut().zip(other.ended_nanos) {
+            *sum += n;
+        }
+        for (sums, row) in self.stopped.iter_mut().zip(other.stopped) {
+            for (sum, n) in sums.iter_mut().zip(row) {
+                *sum += n;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        decision::{decide, Presence, Room, Stamp},
+        ids::{ResponseId, SessionId},
+        machine::FinishStatus,
+        session::Session,
+    };
+
+    const SECOND: i64 = 1_000_000_000;
+
+    /// Calls on one session, each decided at `t` seconds, counted as both
+    /// backends count them; `history` is what the session retains itself
+    /// (0: a NATS session, which is told its last change instead).
+    fn counted(calls: &[(i64, Call)], history: usize) -> CoordStats {
+        let id = SessionId::parse("s").unwrap();
+        let mut session = Session::new(0);
+        let mut stats = CoordStats::default();
+        let mut last_change = 0;
+        for (n, (t, call)) in calls.iter().enumerate() {
+            if history == 0 {
+                session.remember_live_since(last_change);
+            }
+            let presence = if n == 0 {
+                Presence::Absent {
+                    room: Room::Available,
+                }
+            } else {
+                Presence::Stored
+            };
+            let stamp = || Stamp {
+                first_seq: 1 + 10 * n as u64,
+                unix_nanos: t * SECOND,
+                new_response: ResponseId::new(1 + n as u64).unwrap(),
+            };
+            let decision = decide(&mut session, presence, &id, call, 0, stamp, history).unwrap();
+            if !decision.change.is_empty() {
+                last_change = decision.change.unix_nanos;
+            }
+            stats.record(call, &decision);
+        }
+        stats
+    }
+
+    fn start(source: Source) -> Call {
+        Call::Start {
+            source,
+            request_id: None,
+        }
+    }
+
+    #[test]
+    fn stops_are_counted_by_reason_and_by_who_stopped_them_with_how_long_each_ran() {
+        let calls = [
+            (10, start(Source::Client)),
+            // The VAD's barge-in supersedes it after 2 s.
+            (12, start(Source::Vad)),
+            // The client's read loop cancels that one after 3 s.
+            (
+                15,
+                Call::Cancel {
+                    only_if: None,
+                    source: Source::Client,
+                },
+            ),
+            (20, start(Source::Client)),
+            (
+                24,
+                Call::Finish {
+                    response: ResponseId::new(4),
+                    status: FinishStatus::Completed,
+                },
+            ),
+            // A stale Finish and a Cancel of nothing stop nothing.
+            (
+                25,
+                Call::Finish {
+                    response: ResponseId::new(4),
+                    status: FinishStatus::Failed,
+                },
+            ),
+            (
+                25,
+                Call::Cancel {
+                    only_if: None,
+                    source: Source::Vad,
+                },
+            ),
+            (30, start(Source::Unspecified)),
+            (
+                31,
+                Call::Teardown {
+                    reason: TeardownReason::Shutdown,
+                },
+            ),
+        ];
+        for history in [0, 64] {
+            let stats = counted(&calls, history);
+            // completed, failed, superseded, requested, shutdown, expired
+            assert_eq!(stats.ended, [1, 0, 1, 1, 1, 0], "history {history}");
+            let s = SECOND as u64;
+            assert_eq!(
+                stats.ended_nanos,
+                [4 * s, 0, 2 * s, 3 * s, s, 0],
+                "history {history}"
+            );
+            let mut stopped = [[0; 4]; 4];
+            stopped[0][1] = 1; // superseded by the VAD
+            stopped[1][0] = 1; // requested by the client
+            stopped[2][3] = 1; // shut down
+            assert_eq!(stats.stopped, stopped, "history {history}");
+        }
+    }
+
+    #[test]
+    fn a_response_whose_start_is_not_retained_is_counted_without_a_duration() {
+        let calls = [
+            (10, start(Source::Client)),
+            (
+                12,
+                Call::Finish {
+                    response: ResponseId::new(1),
+                    status: FinishStatus::Failed,
+                },
+            ),
+        ];
+        // The memory backend keeping no events of its own knows no start.
+        let id = SessionId::parse("s").unwrap();
+        let mut session = Session::new(0);
+        let mut stats = CoordStats::default();
+        for (n, (t, call)) in calls.iter().enumerate() {
+            let stamp = || Stamp {
+                first_seq: 1,
+                unix_nanos: t * SECOND,
+                new_response: ResponseId::new(1).unwrap(),
+            };
+            let presence = if n == 0 {
+                Presence::Absent {
+                    room: Room::Available,
+                }
+            } else {
+                Presence::Stored
+            };
+            let decision = decide(&mut session, presence, &id, call, 0, stamp, 0).unwrap();
+            stats.record(call, &decision);
+        }
+        assert_eq!(stats.ended[1], 1);
+        assert_eq!(stats.ended_nanos[1], 0);
     }
 }

@@ -664,7 +664,10 @@ async fn a_replica_serves_with_only_the_documented_nats_permissions() {
         !stale.result,
         "the superseded response is not finished again"
     );
-    coordinator.cancel(&id, None).await.expect("cancel");
+    coordinator
+        .cancel(&id, None, Source::Vad)
+        .await
+        .expect("cancel");
     coordinator.state(&id).await.expect("get state");
     coordinator
         .list(&respcoord::ids::SessionScope::All, 10, None)

@@ -172,6 +172,44 @@ async fn metrics_scrape_has_every_series_after_traffic() {
     assert_eq!(sessions("active"), 0.0);
     assert_eq!(sessions("idle"), 1.0);
     assert_eq!(value(&text, "respcoord_sessions_expired_total", &[]), 1.0);
+    // How the responses ended, and who stopped the stopped ones: the
+    // client's Start superseded one, the VAD's Cancel one, expiry one.
+    let ended = |outcome| {
+        value(
+            &text,
+            "respcoord_responses_ended_total",
+            &[("outcome", outcome)],
+        )
+    };
+    assert_eq!(ended("completed"), 30_001.0);
+    assert_eq!(ended("superseded"), 1.0);
+    assert_eq!(ended("requested"), 1.0);
+    assert_eq!(ended("expired"), 1.0);
+    assert_eq!(ended("shutdown") + ended("failed"), 0.0);
+    let ran = |outcome| {
+        value(
+            &text,
+            "respcoord_responses_duration_seconds_total",
+            &[("outcome", outcome)],
+        )
+    };
+    // The expired response ran at least the idle TTL.
+    assert!(ran("expired") >= 0.2, "{}", ran("expired"));
+    assert!(ran("completed") > 0.0 && ran("superseded") > 0.0);
+    let stopped = |reason, source| {
+        value(
+            &text,
+            "respcoord_responses_stopped_total",
+            &[("reason", reason), ("source", source)],
+        )
+    };
+    assert_eq!(stopped("superseded", "client"), 1.0);
+    assert_eq!(stopped("requested", "vad"), 1.0);
+    assert_eq!(stopped("expired", "none"), 1.0);
+    assert_eq!(
+        stopped("superseded", "vad") + stopped("requested", "client"),
+        0.0
+    );
     assert_eq!(value(&text, "respcoord_request_id_replays_total", &[]), 1.0);
     assert_eq!(
         value(

@@ -517,7 +517,7 @@ fn run_real(registry: &Registry, op: &Op, resolved: u64) -> Reply {
         }
         Op::Cancel { s, only_if } => {
             let only_if = only_if.and_then(|_| ResponseId::new(resolved));
-            match registry.cancel(&sid(s), only_if) {
+            match registry.cancel(&sid(s), only_if, machine::Source::Client) {
                 Ok(changed) => Reply::Cancelled {
                     cancelled: raw(changed.result),
                     state: state_of(&changed.state),

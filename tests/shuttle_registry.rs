@@ -177,7 +177,10 @@ impl Caller {
     }
 
     fn cancel(&mut self, session: &'static str, only_if: Option<ResponseId>) {
-        match self.registry().cancel(&sid(session), only_if) {
+        match self
+            .registry()
+            .cancel(&sid(session), only_if, Source::Client)
+        {
             Ok(changed) => {
                 let seen = Seen::Cancelled {
                     only_if,

@@ -62,7 +62,13 @@ fn absent_sessions_are_created_only_by_start_and_shutdown_and_only_with_room() {
             },
             false,
         ),
-        (Call::Cancel { only_if: None }, false),
+        (
+            Call::Cancel {
+                only_if: None,
+                source: Source::Client,
+            },
+            false,
+        ),
         (EXPIRY, false),
     ];
     for (call, creates) in calls {
@@ -121,7 +127,10 @@ fn the_stamp_is_taken_only_when_the_machine_runs() {
             room: Room::Available,
         },
         &sid(),
-        &Call::Cancel { only_if: None },
+        &Call::Cancel {
+            only_if: None,
+            source: Source::Client,
+        },
         0,
         || panic!("NOT_FOUND needs no stamp"),
         0,

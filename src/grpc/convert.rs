@@ -82,15 +82,16 @@ pub fn finish(request: &pb::FinishRequest) -> Result<FinishArgs, CoordError> {
 pub struct CancelArgs {
     pub session_id: SessionId,
     pub only_if: Option<ResponseId>,
+    /// For observability only (stops by source); never changes a transition.
+    pub source: Source,
 }
 
 pub fn cancel(request: &pb::CancelRequest) -> Result<CancelArgs, CoordError> {
     let session_id = session_id(&request.session_id)?;
-    // Recorded for observability only; still refused when not a Source.
-    source(request.source)?;
     Ok(CancelArgs {
         session_id,
         only_if: ResponseId::new(request.if_response_id),
+        source: source(request.source)?,
     })
 }
 

@@ -139,7 +139,7 @@ impl ResponseCoordinator for CoordinatorService {
         authorized(&request, &args.session_id)?;
         let cancelled = self
             .coordinator
-            .cancel(&args.session_id, args.only_if)
+            .cancel(&args.session_id, args.only_if, args.source)
             .await?;
         record(
             if cancelled.result.is_some() {

@@ -63,7 +63,10 @@ async fn an_answer_that_writes_nothing_is_not_given_from_a_stale_read() {
     // is refused by compare-and-set and decided again on the latest state,
     // where nothing is live.
     serve_stale_read(&c, &id, before_second);
-    let cancelled = c.cancel(&id, Some(first.response)).await.unwrap();
+    let cancelled = c
+        .cancel(&id, Some(first.response), Source::Client)
+        .await
+        .unwrap();
     assert_eq!(cancelled.result, None);
     let state = c.state(&id).await.unwrap();
     assert_eq!(state.phase, Phase::Idle);
@@ -84,7 +87,7 @@ async fn an_unreadable_entry_is_data_loss_naming_the_session_and_is_left_alone()
     let refused = [
         c.start(&id, Source::Client, None).await.map(|_| ()),
         c.state(&id).await.map(|_| ()),
-        c.cancel(&id, None).await.map(|_| ()),
+        c.cancel(&id, None, Source::Client).await.map(|_| ()),
         c.shutdown(&id).await.map(|_| ()),
     ];
     for result in refused {

@@ -104,7 +104,9 @@ async fn every_kind_of_call_keeps_a_session_alive() {
         .finish(&s, ResponseId::new(1), FinishStatus::Completed)
         .unwrap(); // stale, still a call
     advance(step).await;
-    registry.cancel(&s, ResponseId::new(1)).unwrap(); // no match, still a call
+    registry
+        .cancel(&s, ResponseId::new(1), Source::Client)
+        .unwrap(); // no match, still a call
     advance(step).await;
     registry.state(&s).unwrap();
     advance(step).await;

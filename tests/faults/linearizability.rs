@@ -243,6 +243,7 @@ fn spec_op(op: &Op, source: usize, candidates: &[u64]) -> Option<SpecOp> {
         }),
         Call::Cancel { only_if } => Action::Call(SpecCall::Cancel {
             only_if: response(only_if),
+            source: Source::Client,
         }),
         Call::Shutdown => Action::Call(SpecCall::Teardown {
             reason: TeardownReason::Shutdown,

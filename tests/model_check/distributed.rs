@@ -344,6 +344,7 @@ impl Node {
                     Mutation::CancelIgnoresFence => None,
                     _ => if_response.and_then(ResponseId::new),
                 },
+                source: Source::Client,
             },
             Req::Shutdown => Call::Teardown {
                 reason: TeardownReason::Shutdown,

@@ -84,9 +84,13 @@ impl SessionModel {
                 response: ResponseId::new(id),
                 status: FinishStatus::Completed,
             },
-            SpecAction::CancelReq => Call::Cancel { only_if: None },
+            SpecAction::CancelReq => Call::Cancel {
+                only_if: None,
+                source: Source::Client,
+            },
             SpecAction::CancelIf(id) => Call::Cancel {
                 only_if: ResponseId::new(id),
+                source: Source::Client,
             },
             SpecAction::Shutdown => Call::Teardown {
                 reason: TeardownReason::Shutdown,

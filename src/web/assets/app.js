@@ -49,7 +49,7 @@
   };
   // Response ids are decimal strings (64-bit, beyond a JSON number); "0" is none.
   const isId = (id) => id != null && String(id) !== '0';
-  const byId = (a, b) => String(a).length - String(b).length || (String(a) < String(b) ? -1 : String(a) > String(b) ? 1 : 0);
+  const byId = (a, b) => Number(BigInt(a) > BigInt(b)) - Number(BigInt(a) < BigInt(b));
   const responseText = (id) => (isId(id) ? `#${id}` : dash);
   const badge = (phase, testid) => h('span', { class: `badge phase-${phase}`, 'data-testid': testid }, phase);
   const th = (text, cls) => h('th', { scope: 'col', class: cls }, text);
@@ -57,9 +57,7 @@
   function ago(ms, now) {
     const s = Math.max(0, Math.round((now - ms) / 1000));
     if (s < 2) return 'just now';
-    if (s < 90) return `${s} s ago`;
-    if (s < 5400) return `${Math.round(s / 60)} min ago`;
-    return s < 172800 ? `${Math.round(s / 3600)} h ago` : `${Math.round(s / 86400)} d ago`;
+    return s < 90 ? `${s} s ago` : s < 5400 ? `${Math.round(s / 60)} min ago` : `${Math.round(s / 3600)} h ago`;
   }
 
   // A controller aborted with its parent: a feed restarted inside a view.
@@ -88,18 +86,13 @@
   function markSnapshotRendered() {
     if (app.dataset.snapshot === 'rendered') return;
     app.dataset.snapshot = 'rendered';
-    if (!performance.getEntriesByName('respcoord:snapshot-rendered').length) {
-      performance.mark('respcoord:snapshot-rendered');
-    }
+    performance.mark('respcoord:snapshot-rendered');
   }
 
   function noticeBox() {
     const el = h('div', { class: 'notice error', role: 'alert', 'data-testid': 'error', hidden: true });
-    return {
-      el,
-      show(text) { el.textContent = text; el.hidden = false; },
-      clear() { el.hidden = true; el.textContent = ''; },
-    };
+    const show = (text) => { el.textContent = text; el.hidden = !text; };
+    return { el, show, clear: () => show('') };
   }
 
   // ------------------------------------------------------------ token, API
@@ -327,7 +320,7 @@
             for (const s of snap.sessions) upsert(s);
             updateCount();
             markSnapshotRendered();
-            return String(snap.seq);
+            return null; // resume from its `id:`, the listing's seq as exact text
           }
           if (msg.event === 'change') {
             upsert(JSON.parse(msg.data).session);
@@ -503,7 +496,7 @@
     const revision = field('Revision', 'state-revision', 'num');
     const started = field('Responses started', 'state-responses-started', 'num');
     const terminated = field('Terminated', 'state-terminated');
-    const history = h('p', { class: 'muted', 'data-testid': 'history-note' });
+    const historyNote = h('p', { class: 'muted', 'data-testid': 'history-note' });
     const timeline = createTimeline();
     const tbody = h('tbody');
     const eventsWrap = h('div', { class: 'table-wrap events-wrap', tabindex: '0', role: 'region', 'aria-label': 'Events, newest last' },
@@ -511,16 +504,15 @@
         h('thead', {}, h('tr', {}, th('Revision', 'num'), th('Seq', 'num'), th('Time', 'num'),
           th('Kind'), th('Response', 'num'), th('Source / status / reason'))),
         tbody));
-    app.replaceChildren(
-      h('h1', {}, 'Session ', h('span', { class: 'mono', 'data-testid': 'session-id' }, id)),
-      notice.el,
+    const body = h('div', { hidden: true }, // until the first snapshot
       h('section', { class: 'card state', 'aria-labelledby': 'state-h' }, h('h2', { id: 'state-h' }, 'State'), dl),
       h('section', { 'aria-labelledby': 'timeline-h' }, h('h2', { id: 'timeline-h' }, 'Timeline'), timeline.root),
-      h('section', { 'aria-labelledby': 'events-h' }, h('h2', { id: 'events-h' }, 'Events'), history, eventsWrap),
-    );
+      h('section', { 'aria-labelledby': 'events-h' }, h('h2', { id: 'events-h' }, 'Events'), historyNote, eventsWrap));
+    app.replaceChildren(h('h1', {}, 'Session ', h('span', { class: 'mono', 'data-testid': 'session-id' }, id)), notice.el, body);
 
     let state = null;
-    let ended = null; // { reason, time_ms } once terminated
+    let countedAt = 0; // the revision whose state carried responses_started
+    let ended = null; // { reason, time_ms, revision } once terminated
     const responses = new Map();
     let lastRevision = 0;
 
@@ -530,7 +522,8 @@
       live.textContent = responseText(state.active_response_id);
       source.textContent = isId(state.active_response_id) ? state.active_source : dash;
       revision.textContent = String(state.revision);
-      started.textContent = String(state.responses_started);
+      // An event's `session` has no responses_started: say how old the count is.
+      started.textContent = `${state.responses_started}${countedAt === state.revision ? '' : ` (at revision ${countedAt})`}`;
       terminated.textContent = ended ? `${ended.reason || 'yes'} at ${clock(ended.time_ms)}` : dash;
     }
 
@@ -565,7 +558,8 @@
     });
 
     follow(signal, {
-      url: (after) => apiUrl(`sessions/${encodeURIComponent(id)}/feed`, { after_revision: after }),
+      // The id goes in the query string: it may hold `/` (docs/web-ui.md).
+      url: (after) => apiUrl('session/feed', { id, after_revision: after }),
       notice,
       what: `session ${id}`,
       notFound: (err) => `No session ${id} (404: ${err.message}); waiting for it to appear.`,
@@ -574,26 +568,31 @@
         if (msg.event === 'snapshot') {
           const snap = JSON.parse(msg.data);
           state = snap.state;
+          countedAt = state.revision;
           ended = snap.terminated;
           responses.clear();
           for (const r of snap.responses) upsertResponse(r);
           lastRevision = 0;
+          body.hidden = false; // before scrolling to the newest event
           following(() => {
             tbody.replaceChildren();
             for (const e of snap.events) appendEvent(e);
           });
-          history.textContent = snap.oldest_revision > 1
-            ? `Retained history starts at revision ${snap.oldest_revision}; older events are gone.` : '';
+          historyNote.textContent = snap.oldest_revision > 0
+            ? `The retained history starts after revision ${snap.oldest_revision}; older events are gone.` : '';
           renderState();
           redraw();
           markSnapshotRendered();
           return String(state.revision);
         }
         if (msg.event === 'event') {
+          // The rows the event changed (a supersede's `started` changes two)
+          // and the session as the event left it.
           const d = JSON.parse(msg.data);
-          if (d.response) upsertResponse(d.response);
-          state = d.state ?? state;
-          if (d.event.kind === 'terminated') ended = { reason: d.event.reason, time_ms: d.event.time_ms };
+          for (const r of d.responses) upsertResponse(r);
+          state = { ...state, ...d.session };
+          if ('responses_started' in d.session) countedAt = state.revision;
+          ended = d.terminated;
           following(() => appendEvent(d.event));
           renderState();
           redraw();
