@@ -65,6 +65,11 @@ cargo build --locked --bin respcoord --example scenario_fixture
 ./scripts/test-rust-install.sh
 ./scripts/test-typescript.sh
 ./scripts/test-python.sh
+# The web view (--web-ui) in a real browser: Debian's chromium (installed
+# if missing) driven by playwright-core from tests/browser's lockfile; it
+# drives the server with respcoordctl and saves target/browser/timeline.png.
+cargo build --locked --features respcoord-client/cli --bin respcoordctl
+./scripts/test-browser.sh
 # Shuttle's thread interleavings of the real registry: a build with the
 # test-only `shuttle` feature (src/sync.rs), which only this target may use.
 cargo test --locked --features shuttle --test shuttle_registry

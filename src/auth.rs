@@ -146,9 +146,10 @@ impl Tokens {
 /// `grpc::status`; messages never contain a token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
-    #[error("missing credentials: send metadata `authorization: Bearer <token>`")]
+    // Worded for gRPC metadata and the web view's HTTP header alike.
+    #[error("missing credentials: send `authorization: Bearer <token>`")]
     Missing,
-    #[error("the authorization metadata must be `Bearer <token>`")]
+    #[error("the authorization value must be `Bearer <token>`")]
     Malformed,
     #[error("the bearer token is not recognized")]
     Unknown,

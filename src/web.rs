@@ -197,6 +197,10 @@ impl IntoResponse for ApiError {
     }
 }
 
+fn serialize_text<S: serde::Serializer>(n: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(n)
+}
+
 /// One server-sent event with a JSON body.
 fn json_event(name: &'static str, id: Option<u64>, data: &impl Serialize) -> Event {
     let event = Event::default().event(name);
@@ -245,6 +249,8 @@ impl ListQuery {
 
 #[derive(Serialize)]
 struct ListJson<'a> {
+    /// A string: 64-bit, like the ids (docs/web-ui.md).
+    #[serde(serialize_with = "serialize_text")]
     seq: u64,
     sessions: Vec<StateJson<'a>>,
     truncated: bool,

@@ -365,6 +365,18 @@ async fn the_sessions_page_lists_by_prefix_and_follows_changes() {
     assert!(messages.iter().all(|m| m.event == "change"));
     assert_eq!(messages[0].data["event"]["session_id"], listed.as_str());
 
+    drop(feed);
+
+    // A resume point the coordinator no longer holds (seqs of a restarted
+    // replica start afresh): an error event, so the page reloads.
+    let mut feed = Feed::open(web, "/api/v1/sessions/feed?after_seq=1", None).await;
+    let error = feed.next().await.unwrap();
+    assert_eq!(
+        (error.event.as_str(), &error.data["code"]),
+        ("error", &Value::from("out_of_range"))
+    );
+    assert!(feed.next().await.is_none());
+
     let (status, body) = get(web, "/api/v1/sessions?limit=0", None).await;
     assert_eq!(status, 400);
     assert!(json(&body)["error"].as_str().unwrap().contains("limit=0"));

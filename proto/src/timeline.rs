@@ -205,6 +205,11 @@ impl Timeline {
             .find(|row| row.response_id == response_id)
     }
 
+    /// The rows an [`apply`](Timeline::apply) changed, as they are now.
+    pub fn changed_rows(&self, changed: Changed) -> impl Iterator<Item = &ResponseRow> {
+        changed.response_ids().filter_map(|id| self.response(id))
+    }
+
     pub fn terminated(&self) -> Option<Teardown> {
         self.terminated
     }

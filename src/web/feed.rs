@@ -49,12 +49,15 @@ pub async fn sessions(
             after_seq: Some(after_seq),
         },
     )?;
-    let watch = view
-        .service
-        .watch(request)
-        .await
-        .map_err(ApiError::status)?
-        .into_inner();
+    let watch = match view.service.watch(request).await {
+        Ok(watch) => watch.into_inner(),
+        // A resume point gone (a restarted replica's seqs start afresh):
+        // an `error` event, as a session feed says it, so the page reloads.
+        Err(status) if status.code() == tonic::Code::OutOfRange => {
+            return Ok(sse(stream::iter([Ok(ApiError::status(status).event())])));
+        }
+        Err(status) => return Err(ApiError::status(status)),
+    };
     let prefix = query.prefix;
     let changes = relay(watch, move |event, out| {
         if event.session_id.starts_with(&prefix) {
@@ -134,9 +137,8 @@ fn event_message(timeline: &Timeline, event: &pb::LifecycleEvent, changed: Chang
         Some(event.revision),
         &EventMessage {
             event: EventJson::from(event),
-            responses: changed
-                .response_ids()
-                .filter_map(|id| timeline.response(id))
+            responses: timeline
+                .changed_rows(changed)
                 .map(ResponseJson::from)
                 .collect(),
             session: SessionChangeJson::from(&session),

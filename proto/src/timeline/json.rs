@@ -8,8 +8,8 @@ use serde::Serialize;
 use super::{short_name, ResponseRow, SessionChange, Stamp, Teardown};
 use crate::v1::{self as pb, lifecycle_event::Kind};
 
-/// Response ids as decimal strings: they are 64-bit, past what a JSON
-/// number keeps exactly in JavaScript (ids a few apart would collide).
+/// Response ids and seqs as decimal strings: they are 64-bit, past what a
+/// JSON number keeps exactly in JavaScript (ids a few apart would collide).
 fn id_text<S: serde::Serializer>(id: &u64, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.collect_str(id)
 }
@@ -97,6 +97,8 @@ impl From<Teardown> for TeardownJson {
 pub struct EventJson<'a> {
     pub session_id: &'a str,
     pub revision: u64,
+    /// As a string too: seqs start near the boot time in nanoseconds.
+    #[serde(serialize_with = "id_text")]
     pub seq: u64,
     pub time_ms: f64,
     pub kind: &'static str,

@@ -309,7 +309,7 @@ fn rows_and_events_as_json() {
     assert_eq!(
         event,
         serde_json::json!({
-            "session_id": "call-1", "revision": 3, "seq": 103, "time_ms": 2500.0,
+            "session_id": "call-1", "revision": 3, "seq": "103", "time_ms": 2500.0,
             "kind": "ended", "response_id": "1", "status": "cancelled", "reason": "superseded",
         })
     );

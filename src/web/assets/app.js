@@ -41,7 +41,7 @@
     return el;
   }
 
-  const secs = (ms) => `${(ms / 1000).toFixed(2)} s`;
+  const secs = (ms) => (ms < 1000 ? `${Math.round(ms)} ms` : `${(ms / 1000).toFixed(2)} s`);
   const pad = (n, width = 2) => String(n).padStart(width, '0');
   const clock = (ms) => {
     const d = new Date(ms);
@@ -77,10 +77,7 @@
     signal.addEventListener('abort', () => { clearTimeout(id); resolve(); }, { once: true });
   });
 
-  function setStatus(state, text) {
-    feedStatus.dataset.state = state;
-    feedStatus.textContent = text;
-  }
+  const setStatus = (state, text) => { feedStatus.dataset.state = state; feedStatus.textContent = text; };
 
   // For tests and timing: the first snapshot of this view is on screen.
   function markSnapshotRendered() {
@@ -100,12 +97,8 @@
   const getToken = () => sessionStorage.getItem(TOKEN_KEY);
   forgetButton.addEventListener('click', () => { sessionStorage.removeItem(TOKEN_KEY); route(); });
 
-  class HttpError extends Error {
-    constructor(status, message) {
-      super(`${status}: ${message}`);
-      this.status = status;
-    }
-  }
+  // An API answer other than 2xx: `status` and the server's message.
+  const httpError = (status, message) => Object.assign(new Error(`${status}: ${message}`), { status });
 
   function apiUrl(path, params = {}) {
     const url = new URL(path, API);
@@ -126,11 +119,11 @@
       const body = await res.json();
       if (typeof body?.error === 'string') message = body.error;
     } catch { /* not JSON: keep the status text */ }
-    throw new HttpError(res.status, message);
+    throw httpError(res.status, message);
   }
 
   function errorText(err, what) {
-    if (!(err instanceof HttpError)) return `The feed failed: ${err.message}`;
+    if (err.status == null) return `The feed failed: ${err.message}`;
     const name = { 400: 'Bad request', 403: `Forbidden: this token may not see ${what}`, 404: 'Not found', 503: 'The server is busy' };
     return `${name[err.status] || 'Error'} (${err.message})`;
   }
@@ -191,7 +184,7 @@
   // reconnects after a backoff (1 s growing to 10 s), resuming after the last
   // id; after an `event: error` it reloads the snapshot (no resume point).
   // `opts.message` handles a message and may return the resume point it
-  // carries (a snapshot has no `id:`).
+  // carries; otherwise its `id:` is (ids are exact text, JSON numbers not).
   async function follow(signal, opts) {
     let resume = null;
     let delay = 1000;

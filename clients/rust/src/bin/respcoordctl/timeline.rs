@@ -65,10 +65,8 @@ pub(crate) async fn run(
             match out.0 {
                 Output::Json => print_change_json(out, &timeline, &event, changed)?,
                 Output::Text => {
-                    for id in changed.response_ids() {
-                        if let Some(row) = timeline.response(id) {
-                            out.line(&format!("{} {}", clock(event.unix_nanos), row_text(row)))?;
-                        }
+                    for row in timeline.changed_rows(changed) {
+                        out.line(&format!("{} {}", clock(event.unix_nanos), row_text(row)))?;
                     }
                     if let Some(teardown) = timeline
                         .terminated()
@@ -141,9 +139,8 @@ fn print_change_json(
 ) -> std::io::Result<()> {
     out.json(&ChangeJson {
         event: EventJson::from(event),
-        responses: changed
-            .response_ids()
-            .filter_map(|id| timeline.response(id))
+        responses: timeline
+            .changed_rows(changed)
             .map(ResponseJson::from)
             .collect(),
     })
