@@ -122,6 +122,15 @@ fn main() -> ExitCode {
             web_ui = args.web_ui,
             "respcoord serving"
         );
+        let web_exposed = args
+            .metrics_listen
+            .filter(|addr| args.web_ui && !addr.ip().is_loopback());
+        if let (Some(addr), None) = (web_exposed, &args.auth_tokens) {
+            tracing::warn!(
+                metrics_listen = %addr,
+                "serving the web view without authentication on a non-loopback address: anyone who can reach the metrics port can list and watch every session (--auth-tokens)"
+            );
+        }
         if args.auth_tokens.is_none() && !args.listen.ip().is_loopback() {
             tracing::warn!(
                 listen = %args.listen,

@@ -49,6 +49,11 @@ const MAX_LIST: usize = 1000;
 /// Sessions a listing reads at most while filtering by prefix: past it the
 /// answer says `truncated` rather than scanning a million sessions.
 const MAX_SCAN: usize = 20_000;
+/// Longest a session's retained history may take to arrive. It is already
+/// held (memory) or stored (NATS), so only a session forgotten between the
+/// state read and the watch (whose watch then waits for events that never
+/// come) or a store in trouble takes this long.
+const HISTORY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the web view's handlers share.
 #[derive(Clone)]
@@ -421,9 +426,18 @@ async fn history(
     };
     let mut timeline = Timeline::new();
     let mut events = VecDeque::new();
+    let deadline = tokio::time::Instant::now() + HISTORY_PATIENCE;
     while timeline.last_revision() < state.revision {
         use futures_util::StreamExt;
-        match watch.next().await {
+        let next = tokio::time::timeout_at(deadline, watch.next())
+            .await
+            .map_err(|_| {
+                ApiError::status(Status::unavailable(format!(
+                    "the session's history (to revision {}) did not arrive in {HISTORY_PATIENCE:?}; try again",
+                    state.revision
+                )))
+            })?;
+        match next {
             Some(Ok(message)) => {
                 for event in message.events {
                     let changed = timeline.apply(&event);

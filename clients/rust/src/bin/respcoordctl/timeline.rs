@@ -15,6 +15,11 @@ use tonic::{Code, Streaming};
 
 use crate::{output::Printer, Failure, Output};
 
+/// Longest the retained history may take to arrive: it is already held,
+/// so only a session forgotten between the state read and the watch (a
+/// watch that then waits for events that never come) takes this long.
+const HISTORY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Width of the swimlane column, in characters.
 const LANE: usize = 32;
 
@@ -31,8 +36,17 @@ pub(crate) async fn run(
     let mut timeline = Timeline::new();
     let changes_as_json = follow && out.0 == Output::Json;
     // The retained events, up to the state just read; later ones are live.
+    let deadline = tokio::time::Instant::now() + HISTORY_PATIENCE;
     while timeline.last_revision() < state.revision {
-        let Some(message) = stream.message().await? else {
+        let message = tokio::time::timeout_at(deadline, stream.message())
+            .await
+            .map_err(|_| {
+                ClientError::from(tonic::Status::deadline_exceeded(format!(
+                    "the session's history (to revision {}) did not arrive in {HISTORY_PATIENCE:?}",
+                    state.revision
+                )))
+            })??;
+        let Some(message) = message else {
             break;
         };
         for event in message.events {
