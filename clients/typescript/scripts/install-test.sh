@@ -9,6 +9,8 @@
 #       its declarations with tsc --strict,
 #   (c) runs examples/quickstart.mjs, the file the README shows, against a
 #       local respcoord server.
+#   (d) adds the optional peer @openai/agents-realtime (the version the lock
+#       pins) and runs and type-checks the `respcoord/openai-agents` entry.
 # Everything lives under target/typescript-install/ (removed first). npm runs
 # with --prefer-offline: the cache filled by `npm ci` serves it.
 # Needs Node 20+ and the respcoord binary (RESPCOORD_SERVER_BIN, default:
@@ -87,6 +89,8 @@ node --input-type=module -e '
 '
 
 echo "== install-test: (a) import from plain .mjs"
+# Without the optional peer: npm must not have installed it.
+[[ ! -e node_modules/@openai/agents-realtime ]] || { echo "install-test: the optional peer @openai/agents-realtime was installed" >&2; exit 1; }
 cat >import.mjs <<'EOF'
 import * as respcoord from "respcoord";
 import { Client, Source, Terminal, RespcoordError } from "respcoord";
@@ -170,4 +174,61 @@ for _ in $(seq 200); do
   sleep 0.05
 done
 timeout 60 node quickstart.mjs "127.0.0.1:$port" | sed 's/^/    /'
+
+echo "== install-test: (d) respcoord/openai-agents with its optional peer installed"
+# Everything above ran without @openai/agents-realtime (an optional peer: npm
+# does not install it). Now the pinned release, as a user adds it: a gate on a
+# RealtimeSession (the SDK's scripted transport) against the server, and the
+# entry point's declarations under tsc --strict.
+npm install "${npm_flags[@]}" "@openai/agents-realtime@$(pinned @openai/agents-realtime)" >/dev/null
+cat >agents.mjs <<'EOF'
+import { RealtimeAgent, RealtimeSession } from "@openai/agents-realtime";
+import { ScriptedRealtimeTransport } from "@openai/agents-realtime/testing";
+import { Client } from "respcoord";
+import { ResponseGate } from "respcoord/openai-agents";
+
+const client = await Client.connect(process.argv[2]);
+const realtime = new RealtimeSession(new RealtimeAgent({ name: "install-test" }), { transport: new ScriptedRealtimeTransport() });
+await realtime.connect({ apiKey: "not-used" });
+const gate = new ResponseGate(realtime, client.session(`install-${process.pid}`));
+let played = 0;
+gate.on("audio", () => {
+  played += 1;
+});
+const model = realtime.transport;
+model.emit("turn_started", { type: "response_started", providerData: { response: { id: "r1" } } });
+model.emit("audio", { type: "audio", data: new ArrayBuffer(8), responseId: "r1" });
+model.emit("turn_done", { type: "response_done", response: { id: "r1", output: [], usage: {} } });
+// The Start and then the Finish go out in the background (a condition, bounded only to fail).
+for (let i = 0; i < 4000 && gate.stats.responsesFinished === 0; i++) await new Promise((r) => setTimeout(r, 5));
+await gate.close();
+if (played !== 1 || gate.stats.responsesFinished !== 1) throw new Error(`gate: ${JSON.stringify(gate.stats)}`);
+realtime.close();
+client.close();
+console.log("    respcoord/openai-agents: one response started, its audio played, Finish sent");
+EOF
+timeout 60 node agents.mjs "127.0.0.1:$port"
+cat >agents.ts <<'EOF'
+import { RealtimeAgent, RealtimeSession } from "@openai/agents-realtime";
+import type { Client } from "respcoord";
+import { ResponseGate, type GateStats } from "respcoord/openai-agents";
+
+export function gate(client: Client, realtime: RealtimeSession<{ user: string }>): GateStats {
+  const g = new ResponseGate(realtime, client.session("call-1"));
+  g.on("audio", (event, responseId: bigint) => {
+    const bytes: ArrayBuffer = event.data;
+    void bytes;
+    void responseId;
+  });
+  return g.stats;
+}
+export const agent = new RealtimeAgent({ name: "typed" });
+EOF
+node -e '
+  const fs = require("node:fs");
+  const config = JSON.parse(fs.readFileSync("tsconfig.json", "utf8"));
+  config.files = ["agents.ts"];
+  fs.writeFileSync("tsconfig.agents.json", JSON.stringify(config));
+'
+node_modules/.bin/tsc -p tsconfig.agents.json
 echo "== install-test: passed"
