@@ -10,6 +10,7 @@ import type {
   TransportLayerAudio,
   TransportLayerResponseCompleted,
   TransportLayerResponseStarted,
+  TransportToolCallEvent,
 } from "@openai/agents-realtime";
 
 import type { CallSignal, Response, Session } from "./client.js";
@@ -42,6 +43,8 @@ export interface GateStats {
   /** Ended by an interruption here (`audio_interrupted` of the live response, or `bargeIn()`). */
   responsesInterrupted: number;
   responsesReleased: number;
+  /** Follow-up model responses (after a tool call or handoff) that joined the respcoord response of the model response that called the tool. */
+  modelResponsesJoined: number;
   startFailures: number;
   finishFailures: number;
   interruptionsDetected: number;
@@ -74,15 +77,29 @@ type Listener<K extends keyof ResponseGateEvents> = (...args: ResponseGateEvents
 
 type EntryState = "starting" | "live" | "ended" | "stopped" | "interrupted" | "failed" | "released";
 
-/** One model response (a provider response id) and its respcoord response. */
+/**
+ * One respcoord response: one model response, or several when tool calls or
+ * handoffs chain them (the follow-up model response joins it).
+ */
 interface Entry {
-  readonly modelId: string;
+  /** The latest model response (provider response id) of this response. */
+  modelId: string;
+  /** Every model response of this response, in order. */
+  readonly modelIds: string[];
   state: EntryState;
   response: Response | undefined;
   /** Audio that arrived while the Start was in flight, in order. */
   buffer: TransportLayerAudio[];
-  /** The model ended it (`turn_done`). */
+  /** The model ended its latest model response (`turn_done`). */
   modelDone: boolean;
+  /** Function calls (tools or handoffs) of the latest model response. */
+  pendingTools: number;
+  /**
+   * Its latest model response ended with a function call: the SDK runs the
+   * tool and starts a follow-up model response, which joins this one (and is
+   * dropped and cancelled if this one was stopped meanwhile).
+   */
+  awaitingFollowUp: boolean;
 }
 
 function stateOf(entry: Entry): EntryState {
@@ -90,6 +107,16 @@ function stateOf(entry: Entry): EntryState {
 }
 
 const LOCAL_REASONS: ReadonlySet<StopReason> = new Set<StopReason>(["finished", "released"]);
+
+/** Function calls among a finished response's output items (the raw `response.done` output). */
+function functionCalls(output: unknown): number {
+  if (!Array.isArray(output)) return 0;
+  let calls = 0;
+  for (const item of output as unknown[]) {
+    if (typeof item === "object" && item !== null && (item as Record<string, unknown>).type === "function_call") calls += 1;
+  }
+  return calls;
+}
 
 function startedModelId(event: TransportLayerResponseStarted): string | undefined {
   const response: unknown = (event.providerData as Record<string, unknown> | undefined)?.response;
@@ -112,6 +139,7 @@ export class ResponseGate {
     responsesStopped: 0,
     responsesInterrupted: 0,
     responsesReleased: 0,
+    modelResponsesJoined: 0,
     startFailures: 0,
     finishFailures: 0,
     interruptionsDetected: 0,
@@ -163,6 +191,9 @@ export class ResponseGate {
     });
     subscribe("audio", (event: TransportLayerAudio) => {
       this.#onAudio(event);
+    });
+    subscribe("function_call", (event: TransportToolCallEvent) => {
+      this.#onFunctionCall(event);
     });
     subscribe("turn_done", (event: TransportLayerResponseCompleted) => {
       this.#onTurnDone(event);
@@ -321,8 +352,51 @@ export class ResponseGate {
     });
   }
 
+  /** A model response this gate has not seen: the follow-up of the current response, or a new one. */
+  #begin(modelId: string): Entry {
+    const current = this.#current;
+    if (
+      current !== undefined &&
+      current.state !== "released" &&
+      (current.awaitingFollowUp || (current.pendingTools > 0 && !current.modelDone))
+    ) {
+      return this.#join(current, modelId);
+    }
+    return this.#open(modelId);
+  }
+
+  /**
+   * The SDK started this model response to go on after a tool call or
+   * handoff: the same respcoord response. If that one was stopped (or
+   * interrupted, or its Start failed) meanwhile, the follow-up's audio is
+   * dropped and the model is told to cancel it: it must not supersede
+   * whoever stopped it.
+   */
+  #join(entry: Entry, modelId: string): Entry {
+    entry.awaitingFollowUp = false;
+    entry.pendingTools = 0;
+    entry.modelId = modelId;
+    entry.modelIds.push(modelId);
+    entry.modelDone = false;
+    this.#entries.set(modelId, entry);
+    this.stats.modelResponsesJoined += 1;
+    const stop = entry.modelIds[0] === undefined ? undefined : this.#stops.get(entry.modelIds[0]);
+    if (stop !== undefined) this.#stops.set(modelId, stop);
+    if (entry.state !== "starting" && entry.state !== "live") this.#cancelModel(entry);
+    return entry;
+  }
+
   #open(modelId: string): Entry {
-    const entry: Entry = { modelId, state: "starting", response: undefined, buffer: [], modelDone: false };
+    const entry: Entry = {
+      modelId,
+      modelIds: [modelId],
+      state: "starting",
+      response: undefined,
+      buffer: [],
+      modelDone: false,
+      pendingTools: 0,
+      awaitingFollowUp: false,
+    };
     this.#entries.set(modelId, entry);
     this.#current = entry;
     this.#background(() => this.#start(entry));
@@ -362,12 +436,12 @@ export class ResponseGate {
     const buffered = entry.buffer;
     entry.buffer = [];
     for (const audio of buffered) this.#deliver(entry, audio);
-    if (entry.modelDone) await this.#finish(entry);
+    if (entry.modelDone && !entry.awaitingFollowUp) await this.#finish(entry);
   }
 
   async #finish(entry: Entry): Promise<void> {
     const response = entry.response;
-    if (entry.state !== "live" || response === undefined) return;
+    if (entry.state !== "live" || entry.awaitingFollowUp || response === undefined) return;
     entry.state = "ended";
     try {
       const result = await response.finish(Terminal.Completed, { signal: this.#abort.signal });
@@ -383,7 +457,8 @@ export class ResponseGate {
     entry.state = "stopped";
     this.stats.responsesStopped += 1;
     if (reason === "shutdown" || reason === "expired") this.#terminated = true;
-    this.#stops.set(entry.modelId, { responseId: entry.response.id, reason, at: performance.now() });
+    const record: StopRecord = { responseId: entry.response.id, reason, at: performance.now() };
+    for (const modelId of entry.modelIds) this.#stops.set(modelId, record);
     this.#cancelModel(entry);
     this.#emit("stop", entry.modelId, entry.response.id, reason);
   }
@@ -418,22 +493,39 @@ export class ResponseGate {
   #onTurnStarted(event: TransportLayerResponseStarted): void {
     const modelId = startedModelId(event);
     if (modelId === undefined || this.#entries.has(modelId)) return;
-    this.#open(modelId);
+    this.#begin(modelId);
   }
 
   #onAudio(audio: TransportLayerAudio): void {
     const modelId = audio.responseId;
     this.#lastAudio = modelId;
     // Audio of a response without a turn_started opens one.
-    const entry = this.#entries.get(modelId) ?? this.#open(modelId);
+    const entry = this.#entries.get(modelId) ?? this.#begin(modelId);
     if (entry.state === "starting") entry.buffer.push(audio);
     else this.#deliver(entry, audio);
   }
 
+  /** The model called a tool (or a handoff) in this model response: its `turn_done` is not the end. */
+  #onFunctionCall(event: TransportToolCallEvent): void {
+    const entry = this.#entries.get(event.responseId);
+    if (entry?.modelId !== event.responseId || entry.modelDone) return;
+    entry.pendingTools += 1;
+  }
+
   #onTurnDone(event: TransportLayerResponseCompleted): void {
-    const entry = this.#entries.get(event.response.id);
-    if (entry === undefined) return;
+    const modelId = event.response.id;
+    const entry = this.#entries.get(modelId);
+    // Unknown, or an earlier step of a joined response (its follow-up began first).
+    if (entry?.modelId !== modelId) return;
     entry.modelDone = true;
+    const calls = Math.max(entry.pendingTools, functionCalls(event.response.output));
+    entry.pendingTools = 0;
+    if (calls > 0 && entry.state !== "released") {
+      // A tool call or handoff: the SDK sends its output and starts the
+      // follow-up model response, which is still this response. No Finish.
+      entry.awaitingFollowUp = true;
+      return;
+    }
     if (entry.state === "live") this.#background(() => this.#finish(entry));
     // "starting": #start finishes it once the reply is in.
   }

@@ -2,8 +2,15 @@
 // in-memory transport (`@openai/agents-realtime/testing`), subclassed only to
 // answer the way the OpenAI transport does (an `interrupt()`: audio_interrupted
 // and the response ending; a `response.cancel` with a response id: that
-// response ending). A real `RealtimeSession` runs on it with no network.
-import { RealtimeAgent, RealtimeSession, type RealtimeClientMessage } from "@openai/agents-realtime";
+// response ending) and to record the tool outputs the session sends. A real
+// `RealtimeSession` runs on it with no network.
+import {
+  RealtimeAgent,
+  RealtimeSession,
+  type RealtimeAgentConfiguration,
+  type RealtimeClientMessage,
+  type TransportToolCallEvent,
+} from "@openai/agents-realtime";
 import { ScriptedRealtimeTransport } from "@openai/agents-realtime/testing";
 
 import type { Session } from "../src/index.js";
@@ -15,6 +22,8 @@ export class ScriptedModel extends ScriptedRealtimeTransport {
   /** The response ids of `response.cancel` events the model received. */
   readonly cancels: string[] = [];
   interrupts = 0;
+  /** The tool outputs the session sent (`sendFunctionCallOutput`), in order. */
+  readonly toolOutputs: { readonly callId: string; readonly output: string; readonly startResponse: boolean }[] = [];
 
   /** The model starts a response (`response.created`). */
   begin(id: string): void {
@@ -27,14 +36,24 @@ export class ScriptedModel extends ScriptedRealtimeTransport {
     this.emit("audio", { type: "audio", data: new ArrayBuffer(bytes), responseId: id });
   }
 
-  /** The response ends (`response.done`). */
-  end(id: string): void {
+  /**
+   * The response calls a function (a tool, or a handoff's `transfer_to_...`):
+   * what the OpenAI transport emits on `response.output_item.done`. The
+   * session runs it and sends its output.
+   */
+  call(id: string, name: string, callId: string, args = "{}"): void {
+    const event: TransportToolCallEvent = { id: `item-${callId}`, type: "function_call", name, callId, arguments: args, responseId: id };
+    this.emit("function_call", event);
+  }
+
+  /** The response ends (`response.done`), its output naming the function calls it made. */
+  end(id: string, calls: readonly string[] = []): void {
     if (this.active === id) this.active = undefined;
     this.emit("turn_done", {
       type: "response_done",
       response: {
         id,
-        output: [],
+        output: calls.map((callId) => ({ type: "function_call", id: `item-${callId}`, call_id: callId, status: "completed" })),
         usage: {
           inputTokens: 0,
           inputTokensDetails: {},
@@ -64,6 +83,11 @@ export class ScriptedModel extends ScriptedRealtimeTransport {
     }
   }
 
+  override sendFunctionCallOutput(toolCall: TransportToolCallEvent, output: string, startResponse: boolean): void {
+    super.sendFunctionCallOutput(toolCall, output, startResponse);
+    this.toolOutputs.push({ callId: toolCall.callId, output, startResponse });
+  }
+
   override interrupt(): void {
     super.interrupt();
     this.interrupts += 1;
@@ -88,9 +112,13 @@ export interface Agent {
 }
 
 /** A real RealtimeSession on a scripted model, and a gate on `session`; the application records what it gets. */
-export async function agent(session: Session, name: string): Promise<Agent> {
+export async function agent(
+  session: Session,
+  name: string,
+  config: Omit<RealtimeAgentConfiguration, "name" | "instructions"> = {},
+): Promise<Agent> {
   const model = new ScriptedModel();
-  const realtime = new RealtimeSession(new RealtimeAgent({ name, instructions: "test" }), { transport: model });
+  const realtime = new RealtimeSession(new RealtimeAgent({ ...config, name, instructions: "test" }), { transport: model });
   await realtime.connect({ apiKey: "test-key-not-used" });
   const gate = new ResponseGate(realtime, session);
   const result: Agent = { model, realtime, gate, played: new Map(), leaks: 0, interrupted: [] };

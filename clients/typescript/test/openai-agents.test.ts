@@ -10,6 +10,7 @@ import { createInterface, type Interface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { after, before, describe, test } from "node:test";
 
+import { RealtimeAgent, tool, type RealtimeAgentConfiguration } from "@openai/agents-realtime";
 import { credentials, status as GrpcStatus, type ClientReadableStream, type ServiceError } from "@grpc/grpc-js";
 
 import * as pb from "../src/gen/respcoord/v1/coordinator.js";
@@ -158,11 +159,13 @@ void describe("respcoord/openai-agents: ResponseGate on a RealtimeSession (scrip
     return { server, recording, client };
   }
 
-  async function fresh(): Promise<{ sessionId: string; session: Session; a: Agent }> {
+  async function fresh(
+    config: Omit<RealtimeAgentConfiguration, "name" | "instructions"> = {},
+  ): Promise<{ sessionId: string; session: Session; a: Agent }> {
     n += 1;
     const sessionId = `agents-${process.pid}-${n}`;
     const session = env().client.session(sessionId);
-    const a = await agent(session, "A");
+    const a = await agent(session, "A", config);
     opened.push(a);
     return { sessionId, session, a };
   }
@@ -313,6 +316,128 @@ void describe("respcoord/openai-agents: ResponseGate on a RealtimeSession (scrip
     } finally {
       assert.equal(await peer.exit(), 0);
     }
+  });
+
+  /** A tool the session runs for a `function_call` of that name; it returns once `held` resolves. */
+  function lookup(held: Promise<void> = Promise.resolve()): { tool: ReturnType<typeof tool>; runs: () => number } {
+    let runs = 0;
+    const lookupTool = tool({
+      name: "lookup",
+      description: "test tool",
+      parameters: { type: "object", properties: {}, required: [], additionalProperties: false },
+      strict: true,
+      execute: async () => {
+        runs += 1;
+        await held;
+        return "42";
+      },
+    });
+    return { tool: lookupTool, runs: () => runs };
+  }
+
+  /**
+   * `first` calls `name` and ends; the session runs it and asks for a
+   * follow-up; `second` (the follow-up) streams 3 chunks and ends: one
+   * respcoord response, one Finish.
+   */
+  async function followUp(name: string, first: string, second: string): Promise<void> {
+    const { server, recording } = env();
+    const handoffTarget = new RealtimeAgent({ name: "specialist", instructions: "test" });
+    const looked = lookup();
+    const { sessionId, a } = await fresh({ tools: [looked.tool], handoffs: [handoffTarget] });
+    const responseId = await speaking(a, first);
+    const firstPlayed = a.played.get(first) ?? 0;
+    a.model.call(first, name, `call-${first}`);
+    a.model.end(first, [`call-${first}`]);
+    await until("the session sends the tool output", () => a.model.toolOutputs.length === 1);
+    assert.equal(a.model.toolOutputs[0]?.startResponse, true, "the session asks for a follow-up");
+    assert.equal(a.gate.stats.responsesFinished, 0, "no Finish at the turn_done of the step that called the tool");
+    assert.equal(a.gate.liveResponseId, responseId, "the response is still live while the tool runs");
+
+    a.model.begin(second);
+    assert.equal(a.gate.responseIdOf(second), responseId, "the follow-up joins the response");
+    for (let i = 0; i < 3; i++) a.model.audio(second);
+    assert.equal(a.played.get(second), 3, "the follow-up's audio passes");
+    a.model.end(second);
+    await until("Finish", () => a.gate.stats.responsesFinished === 1);
+
+    const ended = await recording.oneEndPerStart(sessionId, [responseId]);
+    assert.equal(ended.get(responseId)?.status, pb.TerminalStatus.TERMINAL_STATUS_COMPLETED);
+    assert.equal(await server.finishes(responseId), 1);
+    assert.equal(a.played.get(first), firstPlayed);
+    assert.equal(a.gate.stats.responsesStarted, 1);
+    assert.equal(a.gate.stats.modelResponsesJoined, 1);
+    assert.equal(a.gate.stats.audioDropped, 0);
+    if (name === "lookup") assert.equal(looked.runs(), 1);
+    else assert.equal(a.realtime.currentAgent.name, "specialist", "the handoff happened");
+  }
+
+  void test("a response with a follow-up step (tool call) stays one response", async () => {
+    await followUp("lookup", "t-1", "t-2");
+  });
+
+  void test("a response with a follow-up step (handoff) stays one response", async () => {
+    await followUp("transfer_to_specialist", "h-1", "h-2");
+  });
+
+  void test("a follow-up of a response stopped during its tool call is dropped and cancelled; no Finish", async () => {
+    const { server, recording } = env();
+    let release: () => void = () => undefined;
+    const held = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const looked = lookup(held);
+    const { sessionId, session, a } = await fresh({ tools: [looked.tool] });
+    const responseId = await speaking(a, "s-1");
+    a.model.call("s-1", "lookup", "call-s");
+    a.model.end("s-1", ["call-s"]);
+    await until("the tool runs", () => looked.runs() === 1);
+
+    // Another caller cancels the response while its tool runs.
+    assert.equal(await session.cancel(), responseId);
+    await until("A's gate sees the stop", () => a.gate.stopRecord("s-1") !== undefined);
+    assert.equal(a.gate.stopRecord("s-1")?.reason, "cancelled");
+    release();
+    await until("the session sends the tool output", () => a.model.toolOutputs.length === 1);
+
+    a.model.begin("s-2");
+    for (let i = 0; i < 3; i++) a.model.audio("s-2");
+    assert.equal(a.played.get("s-2"), undefined, "the follow-up's audio is dropped");
+    assert.ok(a.model.cancels.includes("s-2"), "the model was told to cancel the follow-up (response.cancel with its id)");
+    await until("the model ends the follow-up", () => a.model.active === undefined);
+    assert.equal(a.gate.stats.modelResponsesJoined, 1);
+    assert.equal(a.gate.stats.responsesStarted, 1, "the follow-up started nothing");
+    assert.equal(a.gate.stats.responsesFinished, 0);
+    assert.equal(a.leaks, 0);
+    const ended = await recording.oneEndPerStart(sessionId, [responseId]);
+    assert.equal(ended.get(responseId)?.status, pb.TerminalStatus.TERMINAL_STATUS_CANCELLED);
+    assert.equal(await server.finishes(responseId), 0, "no Finish");
+    assert.equal((await session.state()).responseId, undefined, "the follow-up superseded nothing");
+  });
+
+  void test("a tool output without a follow-up (unknown tool): the response stays live and the model's next response joins it", async () => {
+    const { server, recording } = env();
+    const { sessionId, a } = await fresh();
+    const errors: unknown[] = [];
+    a.realtime.on("error", (error) => errors.push(error));
+    const responseId = await speaking(a, "u-1");
+    a.model.call("u-1", "missing", "call-u");
+    a.model.end("u-1", ["call-u"]);
+    await until("the session sends the tool output", () => a.model.toolOutputs.length === 1);
+    assert.equal(a.model.toolOutputs[0]?.startResponse, false, "no follow-up is asked for");
+    assert.equal(errors.length, 1, "the session reports the unknown tool");
+    assert.equal(a.gate.liveResponseId, responseId, "the response stays live");
+    assert.equal(a.gate.stats.responsesFinished, 0);
+
+    a.model.begin("u-2");
+    assert.equal(a.gate.responseIdOf("u-2"), responseId, "the model's next response joins it");
+    a.model.audio("u-2");
+    a.model.end("u-2");
+    await until("Finish", () => a.gate.stats.responsesFinished === 1);
+    const ended = await recording.oneEndPerStart(sessionId, [responseId]);
+    assert.equal(ended.get(responseId)?.status, pb.TerminalStatus.TERMINAL_STATUS_COMPLETED);
+    assert.equal(await server.finishes(responseId), 1);
+    assert.equal(a.played.get("u-2"), 1);
   });
 
   void test("bargeIn() here ends A's own response and interrupts the model", async () => {
