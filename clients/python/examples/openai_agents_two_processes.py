@@ -26,7 +26,6 @@ the guarantees.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -34,9 +33,20 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
+from _two_process import (
+    WAIT,
+    OtherProcess,
+    arguments,
+    check,
+    conclude,
+    emit,
+    latency_parts,
+    summary,
+    until,
+)
 from agents.realtime import RealtimeAgent, RealtimeRunner
 from agents.realtime.model_events import (
     RealtimeModelAudioEvent,
@@ -58,8 +68,6 @@ A_FRAMES_BEFORE_B_ACTS = 10
 A_MAX_FRAMES = 6000
 """A's model would talk for 30 s if nothing stopped it."""
 B_ANSWER_FRAMES = 20
-WAIT = 30.0
-"""Bound on every wait for something to happen (not a timing requirement)."""
 
 
 class TalkingModel(ScriptedRealtimeModel):
@@ -165,18 +173,6 @@ async def agent(client: respcoord.Client, session_id: str, name: str) -> AsyncIt
     await asyncio.wait_for(player.task, WAIT)
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    async def poll() -> None:
-        while not condition():  # noqa: ASYNC110 - counters have no event to wait on
-            await asyncio.sleep(0.001)
-
-    await asyncio.wait_for(poll(), WAIT)
-
-
-def emit(message: dict[str, Any]) -> None:
-    print(json.dumps(message), flush=True)
-
-
 async def agent_b(target: str, session_id: str) -> None:
     """B: reads actions on stdin, answers on stdout, one JSON line each."""
     async with (
@@ -202,52 +198,6 @@ async def agent_b(target: str, session_id: str) -> None:
                 emit({"round": action["round"], "t0": t0, "response": b.player.last})
         stats = b.gate.stats.as_dict()
     emit({"b": stats, "b_after_stop": b.player.after_stop})
-
-
-class OtherProcess:
-    """Agent B, a child process: one JSON line per action and per reply."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        assert process.stdin is not None
-        assert process.stdout is not None
-        self._process = process
-        self._in = process.stdin
-        self._out = process.stdout
-
-    @classmethod
-    async def spawn(cls, target: str, session_id: str) -> OtherProcess:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            __file__,
-            target,
-            "--session",
-            session_id,
-            "--role",
-            "b",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        return cls(process)
-
-    async def send(self, message: dict[str, Any]) -> None:
-        self._in.write(json.dumps(message).encode() + b"\n")
-        await self._in.drain()
-
-    async def receive(self) -> dict[str, Any]:
-        line = await asyncio.wait_for(self._out.readline(), WAIT)
-        if not line:
-            raise RuntimeError("agent B exited")
-        message: dict[str, Any] = json.loads(line)
-        return message
-
-    async def close(self) -> None:
-        if not self._in.is_closing():
-            self._in.close()
-        try:
-            await asyncio.wait_for(self._process.wait(), WAIT)
-        except TimeoutError:
-            self._process.kill()
-            await self._process.wait()
 
 
 async def one_round(a: Agent, b: OtherProcess, round_: int) -> dict[str, Any]:
@@ -287,20 +237,10 @@ async def one_round(a: Agent, b: OtherProcess, round_: int) -> dict[str, Any]:
     }
 
 
-def percentile(sorted_values: list[float], p: float) -> float:
-    """Nearest-rank percentile of sorted values."""
-    if not sorted_values:
-        return float("nan")
-    rank = min(len(sorted_values) - 1, max(0, -(-len(sorted_values) * p // 100) - 1))
-    return sorted_values[int(rank)]
-
-
 async def agent_a(target: str, session_id: str, rounds: int) -> dict[str, Any]:
     """A: runs the rounds, drives B, returns the report."""
-    b = await OtherProcess.spawn(target, session_id)
     report: dict[str, Any] = {"session": session_id, "rounds": []}
-    try:
-        assert (await b.receive()).get("ready")
+    async with OtherProcess.running(__file__, target, session_id, "agent B") as b:
         async with (
             await respcoord.Client.connect(target) as client,
             agent(client, session_id, "agent-a") as a,
@@ -310,30 +250,21 @@ async def agent_a(target: str, session_id: str, rounds: int) -> dict[str, Any]:
         report["a"] = a.gate.stats.as_dict()
         report["frames_after_stop"] = a.player.after_stop
         report["a_flushes"] = a.player.flushes
-        await b.send({"action": "end"})
-        final = await b.receive()
+        final = await b.end()
         report["b"] = final["b"]
         report["b_after_stop"] = final["b_after_stop"]
-    finally:
-        await b.close()
     report["summary"] = summary_line(report)
     return report
 
 
 def broken(report: dict[str, Any]) -> list[str]:
     """What in the report breaks the guarantees."""
-    problems = []
-    if report["frames_after_stop"] != 0:
-        problems.append(f"{report['frames_after_stop']} audio events reached A after the stop")
-    for r in report["rounds"]:
-        expected = "superseded" if r["action"] == "respond" else "cancelled"
-        if r["a_stop"] != expected:
-            problems.append(f"round {r['round']}: A's response {r['a_stop']}, not {expected}")
-        if not r["a_model_interrupted"]:
-            problems.append(f"round {r['round']}: A's model was not interrupted")
-        if r["action"] == "barge-in" and r["b_cancelled"] != r["a_response"]:
-            problems.append(f"round {r['round']}: B's barge-in cancelled {r['b_cancelled']}")
-    return problems
+    return check(
+        report,
+        "audio events reached A after the stop",
+        "a_model_interrupted",
+        "A's model was not interrupted",
+    )
 
 
 def summary_line(report: dict[str, Any]) -> str:
@@ -342,53 +273,20 @@ def summary_line(report: dict[str, Any]) -> str:
         f"frames leaked after stops: {report['frames_after_stop']} "
         f"(A played {a['audio_passed']}, its gate dropped {a['audio_dropped']} late ones)"
     ]
-    every = sorted(r["delay_ms"] for r in report["rounds"])
-    if every:
-        parts.append(
-            f"B's action to A's silence ({len(every)} rounds): "
-            f"p50 {percentile(every, 50):.2f} ms, p99 {percentile(every, 99):.2f} ms"
-        )
-    for kind in ("barge-in", "respond"):
-        delays = sorted(r["delay_ms"] for r in report["rounds"] if r["action"] == kind)
-        if delays:
-            parts.append(
-                f"B's {'barge-in' if kind == 'barge-in' else 'answer'} to A's silence "
-                f"({len(delays)} rounds): p50 {percentile(delays, 50):.2f} ms, "
-                f"p99 {percentile(delays, 99):.2f} ms"
-            )
+    parts.extend(latency_parts(report))
     return "; ".join(parts)
 
 
-def summary(report: dict[str, Any]) -> str:
-    lines = [
-        f"{r['round']:3} {r['action']:9} A's response {r['a_response']} {r['a_stop']:10} "
-        f"after {r['a_frames']} frames; B's action to A's stop observed {r['delay_ms']:.2f} ms"
-        for r in report["rounds"]
-    ]
-    lines.append(report["summary"])
-    return "\n".join(lines)
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description="Two OpenAI Agents realtime sessions on one respcoord session."
+    parser = arguments(
+        "Two OpenAI Agents realtime sessions on one respcoord session.", "openai-agents-demo", 100
     )
-    parser.add_argument("target", help="the respcoord server, host:port")
-    parser.add_argument("--session", default=f"openai-agents-demo-{uuid.uuid4().hex[:8]}")
-    parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--role", choices=["a", "b"], default="a", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "b":
         asyncio.run(agent_b(args.target, args.session))
         return 0
     report = asyncio.run(agent_a(args.target, args.session, args.rounds))
-    problems = broken(report)
-    report["problems"] = problems
-    print(json.dumps(report) if args.json else summary(report))
-    for problem in problems:
-        print(f"FAILED: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return conclude(report, broken(report), args.json, summary)
 
 
 if __name__ == "__main__":

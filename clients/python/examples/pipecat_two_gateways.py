@@ -24,16 +24,15 @@ the stop (a frame of a stopped response leaving the gate: must be 0). Exits
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from _two_process import WAIT, OtherProcess, arguments, check, conclude, emit, round_lines, until
 from loguru import logger
 from pipecat.frames.frames import (
     DataFrame,
@@ -63,8 +62,6 @@ A_FRAMES_BEFORE_B_ACTS = 10
 A_MAX_FRAMES = 6000
 """A's bot would talk for 30 s if nothing stopped it."""
 B_ANSWER_FRAMES = 20
-WAIT = 30.0
-"""Bound on every wait for something to happen (not a timing requirement)."""
 
 
 @dataclass
@@ -192,14 +189,6 @@ class Gateway:
             await asyncio.wait_for(self._running, WAIT)
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    async def poll() -> None:
-        while not condition():  # noqa: ASYNC110 - counters have no event to wait on
-            await asyncio.sleep(0.001)
-
-    await asyncio.wait_for(poll(), WAIT)
-
-
 def events(gate: ResponseGate, name: str) -> asyncio.Queue[tuple[Any, ...]]:
     """The gate's event ``name`` as a queue of its arguments."""
     queue: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
@@ -209,10 +198,6 @@ def events(gate: ResponseGate, name: str) -> asyncio.Queue[tuple[Any, ...]]:
 
     gate.add_event_handler(name, handler)
     return queue
-
-
-def emit(message: dict[str, Any]) -> None:
-    print(json.dumps(message), flush=True)
 
 
 async def gateway_b(target: str, session_id: str) -> None:
@@ -256,53 +241,6 @@ async def gateway_b(target: str, session_id: str) -> None:
         emit({"b": b.gate.stats.as_dict()})
 
 
-class OtherProcess:
-    """Gateway B, a child process: one JSON line per action and per reply."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        assert process.stdin is not None
-        assert process.stdout is not None
-        self._process = process
-        self._in = process.stdin
-        self._out = process.stdout
-
-    @classmethod
-    async def spawn(cls, target: str, session_id: str) -> OtherProcess:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            __file__,
-            target,
-            "--session",
-            session_id,
-            "--role",
-            "b",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        return cls(process)
-
-    async def send(self, message: dict[str, Any]) -> None:
-        self._in.write(json.dumps(message).encode() + b"\n")
-        await self._in.drain()
-
-    async def receive(self) -> dict[str, Any]:
-        line = await asyncio.wait_for(self._out.readline(), WAIT)
-        if not line:
-            raise RuntimeError("gateway B exited")
-        message: dict[str, Any] = json.loads(line)
-        return message
-
-    async def close(self) -> None:
-        """Closes B's stdin (B ends its pipeline and exits)."""
-        if not self._in.is_closing():
-            self._in.close()
-        try:
-            await asyncio.wait_for(self._process.wait(), WAIT)
-        except TimeoutError:
-            self._process.kill()
-            await self._process.wait()
-
-
 async def one_round(a: Gateway, b: OtherProcess, round_: int) -> dict[str, Any]:
     gate, speaker, bot = a.gate, a.speaker, a.bot
     bot_interruptions = bot.interruptions
@@ -344,10 +282,8 @@ async def one_round(a: Gateway, b: OtherProcess, round_: int) -> dict[str, Any]:
 
 async def gateway_a(target: str, session_id: str, rounds: int) -> dict[str, Any]:
     """A: runs the rounds, drives B, returns the report."""
-    b = await OtherProcess.spawn(target, session_id)
     report: dict[str, Any] = {"session": session_id, "rounds": []}
-    try:
-        assert (await b.receive()).get("ready")
+    async with OtherProcess.running(__file__, target, session_id, "gateway B") as b:
         async with await respcoord.Client.connect(target) as client:
             a = Gateway(client.session(session_id), A_MAX_FRAMES)
             await a.start()
@@ -358,37 +294,24 @@ async def gateway_a(target: str, session_id: str, rounds: int) -> dict[str, Any]
             report["frames_after_stop"] = a.speaker.after_stop
             report["a_bot_interruptions"] = a.bot.interruptions
             report["a_speaker_interruptions"] = a.speaker.interruptions
-        await b.send({"action": "end"})
-        report["b"] = (await b.receive())["b"]
-    finally:
-        await b.close()
+        report["b"] = (await b.end())["b"]
     return report
 
 
 def broken(report: dict[str, Any]) -> list[str]:
     """What in the report breaks the guarantees."""
-    problems = []
-    if report["frames_after_stop"] != 0:
-        problems.append(f"{report['frames_after_stop']} frames left A's gate after the stop")
-    for r in report["rounds"]:
-        expected = "superseded" if r["action"] == "respond" else "cancelled"
-        if r["a_stop"] != expected:
-            problems.append(f"round {r['round']}: A's response {r['a_stop']}, not {expected}")
-        if not r["a_interrupted"]:
-            problems.append(f"round {r['round']}: A's pipeline got no InterruptionFrame")
-        if r["action"] == "barge-in" and r["b_cancelled"] != r["a_response"]:
-            problems.append(f"round {r['round']}: B's barge-in cancelled {r['b_cancelled']}")
-    return problems
+    return check(
+        report,
+        "frames left A's gate after the stop",
+        "a_interrupted",
+        "A's pipeline got no InterruptionFrame",
+    )
 
 
 def summary(report: dict[str, Any]) -> str:
     delays = sorted(r["delay_ms"] for r in report["rounds"])
     a = report["a"]
-    lines = [
-        f"{r['round']:3} {r['action']:9} A's response {r['a_response']} {r['a_stop']:10} "
-        f"after {r['a_frames']} frames; B's action to A's stop observed {r['delay_ms']:.2f} ms"
-        for r in report["rounds"]
-    ]
+    lines = round_lines(report)
     lines.append(
         f"A: frames passed {a['frames_passed']}, dropped after the stop {a['frames_dropped']}, "
         f"passed after the stop {report['frames_after_stop']}; interruptions pushed "
@@ -404,15 +327,10 @@ def summary(report: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description="Two Pipecat gateways on one respcoord session, in two processes."
+    parser = arguments(
+        "Two Pipecat gateways on one respcoord session, in two processes.", "pipecat-demo", 10
     )
-    parser.add_argument("target", help="the respcoord server, host:port")
-    parser.add_argument("--session", default=f"pipecat-demo-{uuid.uuid4().hex[:8]}")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--verbose", action="store_true", help="Pipecat's debug log")
-    parser.add_argument("--role", choices=["a", "b"], default="a", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logger.remove()
     logger.add(sys.stderr, level="DEBUG" if args.verbose else "WARNING")
@@ -420,12 +338,7 @@ def main() -> int:
         asyncio.run(gateway_b(args.target, args.session))
         return 0
     report = asyncio.run(gateway_a(args.target, args.session, args.rounds))
-    problems = broken(report)
-    report["problems"] = problems
-    print(json.dumps(report) if args.json else summary(report))
-    for problem in problems:
-        print(f"FAILED: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return conclude(report, broken(report), args.json, summary)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,14 @@ import json
 import os
 import socket
 import sys
-import textwrap
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _integration import other_process, run_two_process_example, until
 from conftest import Servers
 from harness import Recording, within
 from livekit import rtc
@@ -35,8 +35,6 @@ from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities
 
 import respcoord
 from respcoord.livekit import RESPONSE_ID_USERDATA, ResponseGate
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "livekit_two_processes.py"
 
 
 def frame() -> rtc.AudioFrame:
@@ -125,14 +123,6 @@ class Audio:
             yield item
 
 
-async def until(what: str, condition: Callable[[], bool]) -> None:
-    async def poll() -> None:
-        while not condition():  # noqa: ASYNC110 - the counters have no event
-            await asyncio.sleep(0.002)
-
-    await within(what, poll())
-
-
 class ScriptedLLM(llm.LLM[Any]):
     """Answers each chat with the next scripted reply: text, tool calls."""
 
@@ -216,22 +206,6 @@ async def gateway(
     finally:
         await session.aclose()
         await gate.aclose()
-
-
-async def other_process(target: str, session_id: str, action: str) -> None:
-    """A Cancel or a Shutdown made by another process."""
-    script = textwrap.dedent(
-        f"""
-        import asyncio, respcoord
-        async def main():
-            async with await respcoord.Client.connect({target!r}) as client:
-                result = await client.session({session_id!r}).{action}()
-                assert result is not None, result
-        asyncio.run(main())
-        """
-    )
-    process = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
-    assert await within("the other process", process.wait(), 60) == 0
 
 
 async def speak(g: Gateway, frames: int) -> tuple[SpeechHandle, Audio, int]:
@@ -521,43 +495,8 @@ async def test_two_agent_sessions_in_two_processes(servers: Servers) -> None:
     another process) barges in or answers; A's output stops."""
     server = await servers.fixture()
     rounds = 10
-    prefix = "lk-two-"
-    recording = Recording(server.grpc, prefix, rounds + rounds // 2)
-    await recording.open()
-    try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(EXAMPLE),
-            server.grpc,
-            "--session",
-            f"{prefix}1",
-            "--rounds",
-            str(rounds),
-            "--json",
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        )
-        out, _ = await within("the example runs", process.communicate(), 180)
-        assert process.returncode == 0, out.decode()
-        report = json.loads(out.decode().strip().splitlines()[-1])
-        await within("every response ended", recording.all_ended.wait())
-    finally:
-        await recording.close()
-    a_ids = [r["a_response"] for r in report["rounds"]]
-    b_ids = [r["b_response"] for r in report["rounds"] if r["b_response"] is not None]
-    assert len(a_ids) == rounds
-    assert len(b_ids) == rounds // 2
-    assert set(recording.started) == {*a_ids, *b_ids}
-    assert all(count == 1 for count in recording.started.values())
-    assert all(recording.ended[i] == 1 for i in recording.started), recording.ended
-    for round_ in report["rounds"]:
-        assert round_["a_stop"] == ("superseded" if round_["b_response"] else "cancelled")
-        assert round_["a_speech_interrupted"]
-    assert report["frames_after_stop"] == 0
-    for response_id in a_ids:
-        assert await server.finishes(response_id) == 0
-    for response_id in b_ids:
-        assert await server.finishes(response_id) == 1
-    assert report["b"]["barge_ins_applied"] == rounds - rounds // 2
-    assert report["b"]["responses_finished"] == rounds // 2
+    report = await run_two_process_example(
+        server, "livekit_two_processes.py", "lk-two-", rounds, 180
+    )
+    assert all(round_["a_speech_interrupted"] for round_ in report["rounds"])
     print(f"\nlivekit two processes, {rounds} rounds: {report['summary']}")

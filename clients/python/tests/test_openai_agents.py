@@ -13,15 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import sys
-import textwrap
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from _integration import other_process, run_two_process_example, until
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
 from agents.realtime.handoffs import realtime_handoff
@@ -46,7 +44,6 @@ from harness import Recording, within
 import respcoord
 from respcoord.openai_agents import ResponseGate
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "openai_agents_two_processes.py"
 AUDIO = b"\0" * 320
 
 
@@ -136,14 +133,6 @@ class App:
         await within("the marker reaches the application", reached.wait())
 
 
-async def until(what: str, condition: Callable[[], bool]) -> None:
-    async def poll() -> None:
-        while not condition():  # noqa: ASYNC110 - the gate's records have no event
-            await asyncio.sleep(0.002)
-
-    await within(what, poll())
-
-
 class Agent:
     """One agent session under a gate, on a respcoord session."""
 
@@ -167,23 +156,6 @@ async def agent_session(
         finally:
             await gate.aclose()
     await within("the application's loop ends", app.task)
-
-
-async def other_process(target: str, session_id: str, action: str) -> None:
-    """A Cancel or a Shutdown made by another process."""
-    script = textwrap.dedent(
-        f"""
-        import asyncio, respcoord
-        async def main():
-            async with await respcoord.Client.connect({target!r}) as client:
-                session = client.session({session_id!r})
-                result = await session.{action}()
-                assert result is not None, result
-        asyncio.run(main())
-        """
-    )
-    process = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
-    assert await within("the other process", process.wait(), 60) == 0
 
 
 async def test_a_live_response_passes_and_is_finished_once(servers: Servers) -> None:
@@ -432,43 +404,8 @@ async def test_two_agent_sessions_in_two_processes(servers: Servers) -> None:
     another process) barges in or answers; A's output stops."""
     server = await servers.fixture()
     rounds = 10
-    prefix = "oa-two-"
-    recording = Recording(server.grpc, prefix, rounds + rounds // 2)
-    await recording.open()
-    try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(EXAMPLE),
-            server.grpc,
-            "--session",
-            f"{prefix}1",
-            "--rounds",
-            str(rounds),
-            "--json",
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        )
-        out, _ = await within("the example runs", process.communicate(), 180)
-        assert process.returncode == 0, out.decode()
-        report = json.loads(out.decode().strip().splitlines()[-1])
-        await within("every response ended", recording.all_ended.wait())
-    finally:
-        await recording.close()
-    a_ids = [r["a_response"] for r in report["rounds"]]
-    b_ids = [r["b_response"] for r in report["rounds"] if r["b_response"] is not None]
-    assert len(a_ids) == rounds
-    assert len(b_ids) == rounds // 2
-    assert set(recording.started) == {*a_ids, *b_ids}
-    assert all(count == 1 for count in recording.started.values())
-    assert all(recording.ended[i] == 1 for i in recording.started), recording.ended
-    for round_ in report["rounds"]:
-        assert round_["a_stop"] == ("superseded" if round_["b_response"] else "cancelled")
-        assert round_["a_model_interrupted"]
-    assert report["frames_after_stop"] == 0
-    for response_id in a_ids:
-        assert await server.finishes(response_id) == 0
-    for response_id in b_ids:
-        assert await server.finishes(response_id) == 1
-    assert report["b"]["barge_ins_applied"] == rounds - rounds // 2
-    assert report["b"]["responses_finished"] == rounds // 2
+    report = await run_two_process_example(
+        server, "openai_agents_two_processes.py", "oa-two-", rounds, 180
+    )
+    assert all(round_["a_model_interrupted"] for round_ in report["rounds"])
     print(f"\nopenai-agents two processes, {rounds} rounds: {report['summary']}")

@@ -8,14 +8,12 @@ passes and what is dropped does not depend on timing."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
+from _integration import run_two_process_example, until
 from conftest import Servers
 from harness import Recording, within
 from loguru import logger
@@ -35,8 +33,6 @@ from pipecat.tests.utils import run_test
 
 import respcoord
 from respcoord.pipecat import RESPONSE_ID_METADATA, ResponseGate
-
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "pipecat_two_gateways.py"
 
 
 @pytest.fixture(autouse=True)
@@ -126,18 +122,6 @@ def response_ids(frames: list[Frame]) -> set[int]:
         for frame in frames
         if isinstance(value := frame.metadata.get(RESPONSE_ID_METADATA), int)
     }
-
-
-async def until(what: str, condition: Callable[[], bool], seconds: float = 20.0) -> None:
-    """Waits for ``condition()`` to hold (a generous bound, not a timing
-    assertion)."""
-
-    async def poll() -> None:
-        # Counters have no event to wait on; polling them is the test's view.
-        while not condition():  # noqa: ASYNC110
-            await asyncio.sleep(0.002)
-
-    await within(what, poll(), seconds)
 
 
 async def test_a_live_response_passes_and_is_finished_once(servers: Servers) -> None:
@@ -557,47 +541,11 @@ async def test_two_pipelines_in_two_processes(servers: Servers) -> None:
     B (A's child, another process) barges in or answers; A's output stops."""
     server = await servers.fixture()
     rounds = 10
-    prefix = "pc-two-"
-    # Ends: one per A response, and one per B response (every other round).
-    recording = Recording(server.grpc, prefix, rounds + rounds // 2)
-    await recording.open()
-    try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(EXAMPLE),
-            server.grpc,
-            "--session",
-            f"{prefix}1",
-            "--rounds",
-            str(rounds),
-            "--json",
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        )
-        out, _ = await within("the example runs", process.communicate(), 120)
-        assert process.returncode == 0, out.decode()
-        report = json.loads(out.decode().strip().splitlines()[-1])
-        await within("every response ended", recording.all_ended.wait())
-    finally:
-        await recording.close()
-    a_ids = [r["a_response"] for r in report["rounds"]]
-    b_ids = [r["b_response"] for r in report["rounds"] if r["b_response"] is not None]
-    assert len(a_ids) == rounds
-    assert len(b_ids) == rounds // 2
-    assert set(recording.started) == {*a_ids, *b_ids}
-    assert all(count == 1 for count in recording.started.values())
-    assert all(recording.ended[i] == 1 for i in recording.started), recording.ended
-    for round_ in report["rounds"]:
-        assert round_["a_stop"] == ("superseded" if round_["b_response"] else "cancelled")
-        assert round_["a_interrupted"]
-    assert report["frames_after_stop"] == 0
-    for response_id in a_ids:
-        assert await server.finishes(response_id) == 0
-    for response_id in b_ids:
-        assert await server.finishes(response_id) == 1
+    report = await run_two_process_example(
+        server, "pipecat_two_gateways.py", "pc-two-", rounds, 120
+    )
+    assert all(round_["a_interrupted"] for round_ in report["rounds"])
     assert report["a_bot_interruptions"] == rounds
-    assert report["b"]["barge_ins_applied"] == rounds - rounds // 2
-    assert report["b"]["responses_finished"] == rounds // 2
     delays = sorted(r["delay_ms"] for r in report["rounds"])
     calls = sorted(r["b_call_ms"] for r in report["rounds"])
     a = report["a"]

@@ -40,8 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -60,6 +58,9 @@ except ImportError as error:  # pragma: no cover - exercised without the extra o
 from respcoord._client import Response, Session
 from respcoord._enums import Finished, Phase, Source, StopReason, Terminal
 from respcoord._errors import RespcoordError, SessionTerminated
+from respcoord._gate import LOCAL_REASONS as _LOCAL_REASONS
+from respcoord._gate import TERMINAL_REASONS as _TERMINAL_REASONS
+from respcoord._gate import StopRecord, StopRecords, notify_stop
 
 __all__ = ["RESPONSE_ID_USERDATA", "GateStats", "ResponseGate", "StopRecord"]
 
@@ -72,11 +73,7 @@ frame it lets through, the id of the response the frame belongs to."""
 
 _log = logging.getLogger("respcoord.livekit")
 
-_LOCAL_REASONS: Final = frozenset({StopReason.FINISHED, StopReason.RELEASED})
-"""Stops this gate made itself: they never interrupt a speech."""
-_TERMINAL_REASONS: Final = frozenset({StopReason.SHUTDOWN, StopReason.EXPIRED})
 _USER_INTERRUPTIONS: Final = frozenset({"audio_activity", "user_turn"})
-_MAX_RECORDS: Final = 1024
 
 
 def _speech_context() -> contextvars.ContextVar[SpeechHandle] | None:
@@ -130,15 +127,6 @@ class GateStats:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class StopRecord:
-    """When this gate learned that one of its responses stopped."""
-
-    reason: StopReason
-    observed_at: float
-    """``time.monotonic()`` at the moment the gate closed the response."""
 
 
 class _State(Enum):
@@ -231,7 +219,7 @@ class ResponseGate(AudioOutput):
         self._on_stop_callback = on_stop
         self.stats = GateStats()
         self._turns: dict[SpeechHandle, _Turn] = {}
-        self._stops: OrderedDict[int, StopRecord] = OrderedDict()
+        self._stops = StopRecords()
         self._commands: asyncio.Queue[_Command] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -571,15 +559,8 @@ class ResponseGate(AudioOutput):
         self.stats.speeches_interrupted += 1
 
     def _closed_here(self, response_id: int, reason: StopReason) -> None:
-        if response_id not in self._stops:
-            self._stops[response_id] = StopRecord(reason, time.monotonic())
-            while len(self._stops) > _MAX_RECORDS:
-                self._stops.popitem(last=False)
-        if self._on_stop_callback is not None:
-            try:
-                self._on_stop_callback(response_id, reason)
-            except Exception:
-                _log.exception("on_stop callback failed")
+        self._stops.record(response_id, reason)
+        notify_stop(self._on_stop_callback, response_id, reason, _log)
 
     def _forget(self, turn: _Turn) -> None:
         if turn.remove_stop is not None:

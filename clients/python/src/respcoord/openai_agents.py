@@ -39,13 +39,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import asdict, dataclass
 from enum import Enum
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 try:
     from agents.realtime import RealtimeSession
@@ -61,6 +60,9 @@ except ImportError as error:  # pragma: no cover - exercised without the extra o
 from respcoord._client import Response, Session
 from respcoord._enums import Finished, Phase, Source, StopReason, Terminal
 from respcoord._errors import RespcoordError, SessionTerminated
+from respcoord._gate import LOCAL_REASONS as _LOCAL_REASONS
+from respcoord._gate import TERMINAL_REASONS as _TERMINAL_REASONS
+from respcoord._gate import StopRecord, StopRecords, notify_stop, trim
 
 __all__ = ["GateStats", "ResponseGate", "StopRecord"]
 
@@ -68,14 +70,6 @@ OPENAI_AGENTS_TESTED_VERSION: Final = "0.24.0"
 """The openai-agents release this module is tested with."""
 
 _log = logging.getLogger("respcoord.openai_agents")
-
-_LOCAL_REASONS: Final = frozenset({StopReason.FINISHED, StopReason.RELEASED})
-"""Stops this gate made itself: they never interrupt the model."""
-_TERMINAL_REASONS: Final = frozenset({StopReason.SHUTDOWN, StopReason.EXPIRED})
-_MAX_RECORDS: Final = 1024
-
-_K = TypeVar("_K")
-_V = TypeVar("_V")
 
 
 @dataclass
@@ -119,15 +113,6 @@ class GateStats:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class StopRecord:
-    """When this gate learned that one of its responses stopped."""
-
-    reason: StopReason
-    observed_at: float
-    """``time.monotonic()`` at the moment the gate closed the response."""
 
 
 class _State(Enum):
@@ -213,7 +198,7 @@ class ResponseGate:
         """The respcoord response the session's model events belong to now."""
         self._by_model_id: OrderedDict[str, _Turn] = OrderedDict()
         self._by_item: OrderedDict[str, _Turn] = OrderedDict()
-        self._stops: OrderedDict[int, StopRecord] = OrderedDict()
+        self._stops = StopRecords()
         self._tasks: set[asyncio.Task[None]] = set()
         self._calls = asyncio.Lock()
         """The gate's coordinator calls run one at a time, in order."""
@@ -290,7 +275,7 @@ class ResponseGate:
                         # A transport without turn_started: the audio opens it.
                         turn = await self._open(event.audio.response_id)
                     self._by_item[event.item_id] = turn
-                    self._trim(self._by_item)
+                    trim(self._by_item)
                     turn.items.add(event.item_id)
                     if not turn.passes():
                         self.stats.audio_dropped += 1
@@ -409,7 +394,7 @@ class ResponseGate:
         turn.model_ids.append(model_id)
         if model_id is not None:
             self._by_model_id[model_id] = turn
-            self._trim(self._by_model_id)
+            trim(self._by_model_id)
 
     async def _turn_ended(self, model_id: str | None) -> None:
         turn = self._turn
@@ -512,16 +497,10 @@ class ResponseGate:
         self._forget(turn)
         if turn.response is not None:
             self._record(turn.response.id, reason)
-            if self._on_stop_callback is not None:
-                try:
-                    self._on_stop_callback(turn.response.id, reason)
-                except Exception:
-                    _log.exception("on_stop callback failed")
+            notify_stop(self._on_stop_callback, turn.response.id, reason, _log)
 
     def _record(self, response_id: int, reason: StopReason) -> None:
-        if response_id not in self._stops:
-            self._stops[response_id] = StopRecord(reason, time.monotonic())
-            self._trim(self._stops)
+        self._stops.record(response_id, reason)
 
     async def _interrupt_model(self, turn: _Turn) -> None:
         """Interrupts the model for this response only: what
@@ -584,8 +563,3 @@ class ResponseGate:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    @staticmethod
-    def _trim(records: OrderedDict[_K, _V]) -> None:
-        while len(records) > _MAX_RECORDS:
-            records.popitem(last=False)

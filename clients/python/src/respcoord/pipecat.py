@@ -32,7 +32,6 @@ Tested with pipecat-ai 1.14.0 (docs/pipecat.md).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass
@@ -67,6 +66,9 @@ except ImportError as error:  # pragma: no cover - exercised without the extra o
 from respcoord._client import Response, Session
 from respcoord._enums import Finished, Phase, Source, StopReason, Terminal
 from respcoord._errors import RespcoordError, SessionTerminated
+from respcoord._gate import LOCAL_REASONS as _LOCAL_REASONS
+from respcoord._gate import TERMINAL_REASONS as _TERMINAL_REASONS
+from respcoord._gate import StopRecord, StopRecords, trim
 
 __all__ = [
     "DEFAULT_OUTPUT_FRAMES",
@@ -101,13 +103,6 @@ text (``TTSTextFrame``), and the TTS's start/stop markers.
 delimit a response. User transcriptions, control and system frames are not
 output and pass untouched."""
 
-_LOCAL_REASONS: Final = frozenset({StopReason.FINISHED, StopReason.RELEASED})
-"""Stops this gate made itself (its Finish, or letting go of the handle):
-they never interrupt the pipeline."""
-
-_TERMINAL_REASONS: Final = frozenset({StopReason.SHUTDOWN, StopReason.EXPIRED})
-
-_MAX_STOP_RECORDS: Final = 1024
 _MAX_DEAD_CONTEXTS: Final = 256
 
 
@@ -157,15 +152,6 @@ class GateStats:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class StopRecord:
-    """When this gate learned that one of its responses stopped."""
-
-    reason: StopReason
-    observed_at: float
-    """``time.monotonic()`` at the moment the fence closed."""
 
 
 class _State(Enum):
@@ -292,7 +278,7 @@ class ResponseGate(FrameProcessor):
         self._commands: asyncio.Queue[_Command] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._stops: OrderedDict[int, StopRecord] = OrderedDict()
+        self._stops = StopRecords()
         self._dead_contexts: OrderedDict[str, None] = OrderedDict()
         self._barge_in_queued = False
         self._terminated = False
@@ -434,8 +420,7 @@ class ResponseGate(FrameProcessor):
 
     def _bury_context(self, context: str) -> None:
         self._dead_contexts[context] = None
-        while len(self._dead_contexts) > _MAX_DEAD_CONTEXTS:
-            self._dead_contexts.popitem(last=False)
+        trim(self._dead_contexts, _MAX_DEAD_CONTEXTS)
 
     async def _response_frame(self, frame: Frame) -> None:
         await self._wait_for_room()
@@ -630,9 +615,7 @@ class ResponseGate(FrameProcessor):
         response = turn.response
         if response is None:
             return
-        self._stops[response.id] = StopRecord(reason, time.monotonic())
-        while len(self._stops) > _MAX_STOP_RECORDS:
-            self._stops.popitem(last=False)
+        self._stops.record(response.id, reason, replace=True)
         if reason in _LOCAL_REASONS or turn.state in (_State.STOPPED, _State.DONE):
             return
         self._stop_here(turn)
