@@ -68,7 +68,7 @@ cargo build --locked --bin respcoord --example scenario_fixture
 # The web view (--web-ui) in a real browser: Debian's chromium (installed
 # if missing) driven by playwright-core from tests/browser's lockfile; it
 # drives the server with respcoordctl and saves target/browser/timeline.png.
-cargo build --locked --features respcoord-client/cli --bin respcoordctl
+cargo build --locked -p respcoord-client --features cli --bin respcoordctl
 ./scripts/test-browser.sh
 # Shuttle's thread interleavings of the real registry: a build with the
 # test-only `shuttle` feature (src/sync.rs), which only this target may use.
