@@ -255,7 +255,7 @@ impl Session {
     /// idle, or when that event is not retained.
     pub fn live_since(&self) -> Option<i64> {
         let active = self.phase().active()?;
-        let newest = self.history.oldest_first(self.revision).last()?;
+        let newest = self.history.newest(self.revision)?;
         matches!(newest.kind, EventKind::Started { response, .. } if response == active.id)
             .then_some(newest.unix_nanos)
     }

@@ -38,7 +38,7 @@ use crate::{
     grpc::CoordinatorService,
     proto::{
         timeline::{
-            resume_point, Changed, EventJson, ResponseJson, StateJson, TeardownJson, Timeline,
+            open_retained, Changed, EventJson, ResponseJson, StateJson, TeardownJson, Timeline,
         },
         v1::{self as pb, response_coordinator_server::ResponseCoordinator},
     },
@@ -202,10 +202,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn serialize_text<S: serde::Serializer>(n: &u64, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.collect_str(n)
-}
-
 /// One server-sent event with a JSON body.
 fn json_event(name: &'static str, id: Option<u64>, data: &impl Serialize) -> Event {
     let event = Event::default().event(name);
@@ -255,7 +251,7 @@ impl ListQuery {
 #[derive(Serialize)]
 struct ListJson<'a> {
     /// A string: 64-bit, like the ids (docs/web-ui.md).
-    #[serde(serialize_with = "serialize_text")]
+    #[serde(serialize_with = "crate::proto::timeline::id_text")]
     seq: u64,
     sessions: Vec<StateJson<'a>>,
     truncated: bool,
@@ -403,27 +399,22 @@ async fn history(
         .into_inner()
         .state
         .unwrap_or_default();
-    let mut oldest_revision = 0;
-    let mut watch = loop {
-        let request = view.call(
-            headers,
-            pb::WatchRequest {
-                session_id: id.to_owned(),
-                after_revision: Some(oldest_revision),
-                after_seq: None,
-            },
-        )?;
-        match view.service.watch(request).await {
-            Ok(watch) => break watch.into_inner(),
-            Err(status) if status.code() == Code::OutOfRange => {
-                match resume_point(status.message()) {
-                    Some(oldest) if oldest > oldest_revision => oldest_revision = oldest,
-                    _ => return Err(ApiError::status(status)),
-                }
-            }
-            Err(status) => return Err(ApiError::status(status)),
-        }
-    };
+    let (watch, oldest_revision) = open_retained(|after| async move {
+        let request = view
+            .call(
+                headers,
+                pb::WatchRequest {
+                    session_id: id.to_owned(),
+                    after_revision: Some(after),
+                    after_seq: None,
+                },
+            )
+            .map_err(|error| Status::new(error.code, error.message))?;
+        view.service.watch(request).await
+    })
+    .await
+    .map_err(ApiError::status)?;
+    let mut watch = watch.into_inner();
     let mut timeline = Timeline::new();
     let mut events = VecDeque::new();
     let deadline = tokio::time::Instant::now() + HISTORY_PATIENCE;

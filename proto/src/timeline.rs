@@ -276,6 +276,32 @@ pub fn resume_point(message: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// Opens a watch of a session's whole retained history: from its first
+/// event, or, when that is no longer retained, from where the OUT_OF_RANGE
+/// answer says the history now starts ([`resume_point`]). `open` makes one
+/// Watch with the given `after_revision`; the answer is the open watch and
+/// the revision its history starts after. Each retry starts later, so it
+/// ends. Written once for `respcoordctl timeline` and the web view.
+pub async fn open_retained<W, F, Fut>(mut open: F) -> Result<(W, u64), tonic::Status>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<W, tonic::Status>>,
+{
+    let mut after = 0;
+    loop {
+        match open(after).await {
+            Ok(watch) => return Ok((watch, after)),
+            Err(status) if status.code() == tonic::Code::OutOfRange => {
+                match resume_point(status.message()) {
+                    Some(oldest) if oldest > after => after = oldest,
+                    _ => return Err(status),
+                }
+            }
+            Err(status) => return Err(status),
+        }
+    }
+}
+
 /// A contract enum's value name without its prefix, lower case
 /// (`SOURCE_VAD` → `vad`), as the tools print and the web view's JSON says.
 pub fn short_name(full: &'static str) -> &'static str {
@@ -310,7 +336,7 @@ const LOWER: &[(&str, &str)] = &[
 #[cfg(feature = "serde")]
 mod json;
 #[cfg(feature = "serde")]
-pub use json::{EventJson, ResponseJson, SessionChangeJson, StateJson, TeardownJson};
+pub use json::{id_text, EventJson, ResponseJson, SessionChangeJson, StateJson, TeardownJson};
 
 #[cfg(test)]
 mod tests;

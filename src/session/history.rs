@@ -52,6 +52,13 @@ impl History {
         self.events = events.into_boxed_slice();
     }
 
+    /// The newest retained event, given its revision: O(1), for the call
+    /// path (`Session::live_since`).
+    pub fn newest(&self, newest_revision: u64) -> Option<&RetainedEvent> {
+        let len = self.events.len();
+        (len > 0).then(|| &self.events[ring_index(newest_revision, len)])
+    }
+
     /// The retained events oldest first, given the newest one's revision.
     pub fn oldest_first(&self, newest_revision: u64) -> impl Iterator<Item = &RetainedEvent> {
         let len = self.events.len();

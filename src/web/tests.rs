@@ -1,5 +1,6 @@
 use super::*;
 use crate::error::CoordError;
+use crate::proto::timeline::resume_point;
 
 #[test]
 fn the_resume_point_reads_back_from_the_out_of_range_message() {

@@ -10,7 +10,7 @@ use crate::v1::{self as pb, lifecycle_event::Kind};
 
 /// Response ids and seqs as decimal strings: they are 64-bit, past what a
 /// JSON number keeps exactly in JavaScript (ids a few apart would collide).
-fn id_text<S: serde::Serializer>(id: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+pub fn id_text<S: serde::Serializer>(id: &u64, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.collect_str(id)
 }
 

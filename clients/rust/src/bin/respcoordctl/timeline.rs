@@ -7,11 +7,11 @@
 
 use respcoord_client::{pb, Client, ClientError};
 use respcoord_proto::timeline::{
-    resume_point, Changed, EventJson, ResponseJson, ResponseRow, StateJson, Teardown, TeardownJson,
-    Timeline,
+    open_retained, Changed, EventJson, ResponseJson, ResponseRow, StateJson, Teardown,
+    TeardownJson, Timeline,
 };
 use serde::Serialize;
-use tonic::{Code, Streaming};
+use tonic::Streaming;
 
 use crate::{output::Printer, Failure, Output};
 
@@ -96,36 +96,21 @@ pub(crate) async fn run(
 }
 
 /// A watch of the session from its oldest retained event, and the revision
-/// it starts after. When the first events are no longer retained the
-/// server says from where it can resume ("resume from N"); the timeline
-/// then starts there.
+/// it starts after.
 async fn open_history(
     client: &Client,
     session: &str,
 ) -> Result<(Streaming<pb::WatchResponse>, u64), Failure> {
-    let mut after = 0;
-    for _ in 0..3 {
+    let (watch, after) = open_retained(|after| async move {
         let request = pb::WatchRequest {
             session_id: session.to_owned(),
             after_revision: Some(after),
             after_seq: None,
         };
-        match client.raw().watch(request).await {
-            Ok(stream) => return Ok((stream.into_inner(), after)),
-            Err(status) if status.code() == Code::OutOfRange => {
-                match resume_point(status.message()) {
-                    Some(oldest) if oldest > after => after = oldest,
-                    _ => return Err(ClientError::from(status).into()),
-                }
-            }
-            Err(status) => return Err(status.into()),
-        }
-    }
-    Err(Failure::Client(ClientError::from(
-        tonic::Status::out_of_range(
-            "the session's history moved on while it was being read; try again",
-        ),
-    )))
+        client.raw().watch(request).await
+    })
+    .await?;
+    Ok((watch.into_inner(), after))
 }
 
 #[derive(Serialize)]
