@@ -73,6 +73,9 @@ fn main() -> ExitCode {
         }
     }
     let code = runtime.block_on(async {
+        // Before the ports are bound: once a port accepts, SIGTERM is a
+        // graceful shutdown, never the default kill.
+        let shutdown = shutdown_signal();
         let grpc = match tokio::net::TcpListener::bind(args.listen).await {
             Ok(listener) => listener,
             Err(error) => {
@@ -148,7 +151,7 @@ fn main() -> ExitCode {
             web_ui: args.web_ui,
         };
         let listeners = Listeners { grpc, metrics };
-        match server::serve_coordinator(coordinator, config, listeners, shutdown_signal()).await {
+        match server::serve_coordinator(coordinator, config, listeners, shutdown).await {
             Ok(()) => {
                 tracing::info!("stopped");
                 ExitCode::SUCCESS
@@ -168,26 +171,38 @@ fn main() -> ExitCode {
     code
 }
 
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
+/// Resolves on SIGTERM or Ctrl-C. The handlers are installed when this is
+/// called, not when the future is first polled: a signal that arrives
+/// between then and the first poll is kept, not the process's death.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let handlers = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::terminate()).ok(),
+            signal(SignalKind::interrupt()).ok(),
+        )
     };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
+    async move {
+        #[cfg(unix)]
+        {
+            let (mut terminate, mut interrupt) = handlers;
+            let received = |signal: Option<tokio::signal::unix::Signal>| async move {
+                match signal {
+                    Some(mut signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = received(terminate.take()) => {}
+                () = received(interrupt.take()) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
