@@ -247,7 +247,11 @@ async fn quiet_streams_get_bookmarks_that_never_go_backwards() {
 /// ours, would be what the test observed.
 #[tokio::test]
 async fn a_watcher_that_falls_behind_is_ended_with_resource_exhausted() {
-    use respcoord::{grpc::watch::responses, machine::Source as S, registry::Registry};
+    use respcoord::{
+        grpc::watch::{responses, Alarms},
+        machine::Source as S,
+        registry::Registry,
+    };
     use tokio_stream::StreamExt;
     let registry = Registry::new(RegistryConfig {
         watch_all_buffer: 8,
@@ -256,7 +260,9 @@ async fn a_watcher_that_falls_behind_is_ended_with_resource_exhausted() {
     let subscription = registry.watch_all(None).unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let span = tracing::Span::none();
-    let mut stream = responses(subscription, WatchSettings::default(), stop, None, span);
+    let settings = WatchSettings::default();
+    let alarms = Alarms::new(settings.bookmark_interval, stop);
+    let mut stream = responses(subscription, settings.max_batch, &alarms, None, span);
     let session = respcoord::ids::SessionId::parse("s").unwrap();
     // The watcher reads its first event...
     registry.start(&session, S::Vad, None).unwrap();

@@ -9,8 +9,12 @@
 //! of what an open watch cost (docs/operations.md, "Memory"). The buffer
 //! grows on demand for the rare large message (a backlog replay, a listing
 //! page) and is given back with the call.
+//!
+//! A Watch's buffer starts empty: it lives as long as the stream, and a
+//! session watch waits most of its life, so it holds nothing until its
+//! first message and then what its largest message needed.
 
-use std::marker::PhantomData;
+use std::{any::TypeId, marker::PhantomData};
 
 use prost::Message;
 use tonic::codec::BufferSettings;
@@ -24,8 +28,13 @@ pub const BUFFER_SIZE: usize = 256;
 /// the transport (tonic's default).
 const YIELD_THRESHOLD: usize = 32 * 1024;
 
-fn encode_settings() -> BufferSettings {
-    BufferSettings::new(BUFFER_SIZE, YIELD_THRESHOLD)
+fn encode_settings<T: 'static>() -> BufferSettings {
+    let initial = if TypeId::of::<T>() == TypeId::of::<crate::v1::WatchResponse>() {
+        0
+    } else {
+        BUFFER_SIZE
+    };
+    BufferSettings::new(initial, YIELD_THRESHOLD)
 }
 
 /// prost's codec with a [`BUFFER_SIZE`] encode buffer (named by `build.rs`
@@ -50,7 +59,7 @@ where
     type Decoder = ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstCodec::<T, U>::raw_encoder(encode_settings())
+        ProstCodec::<T, U>::raw_encoder(encode_settings::<T>())
     }
 
     /// tonic's default: a call's request is decoded once and dropped, and a

@@ -3,7 +3,7 @@
 //!
 //! Order of refusals on every call: authentication (the interceptor in front,
 //! UNAUTHENTICATED), validation (INVALID_ARGUMENT naming the field), the
-//! caller's session scope (PERMISSION_DENIED), then the registry's answer.
+//! caller's session scope (PERMISSION_DENIED), then the backend's answer.
 //! Each call records `session_id`, `response_id` and `outcome` on its RPC
 //! span (`grpc::observe`).
 
@@ -19,7 +19,7 @@ use crate::{
     error::CoordError,
     grpc::{
         convert::{self, WatchTarget},
-        watch::{self, WatchKind, WatchStats},
+        watch::{self, Alarms, WatchKind, WatchStats},
     },
     ids::{response_id_or_zero, SessionId},
     machine::Phase,
@@ -31,12 +31,13 @@ pub use crate::grpc::watch::WatchSettings;
 pub struct CoordinatorService {
     coordinator: Coordinator,
     watch: WatchSettings,
-    /// Cancelled at shutdown: every open watch ends cleanly.
-    shutdown: CancellationToken,
+    /// Every open watch's bookmark deadline, and its end at shutdown.
+    alarms: Arc<Alarms>,
     watches: Arc<WatchStats>,
 }
 
 impl CoordinatorService {
+    /// `shutdown` ends every open watch cleanly when it is cancelled.
     pub fn new(
         coordinator: Coordinator,
         watch: WatchSettings,
@@ -45,7 +46,7 @@ impl CoordinatorService {
         Self {
             coordinator,
             watch,
-            shutdown,
+            alarms: Alarms::new(watch.bookmark_interval, shutdown),
             watches: Arc::default(),
         }
     }
@@ -240,8 +241,8 @@ impl ResponseCoordinator for CoordinatorService {
         // stream, and records how it ended.
         Ok(Response::new(watch::responses(
             subscription,
-            self.watch,
-            self.shutdown.clone(),
+            self.watch.max_batch,
+            &self.alarms,
             Some(slot),
             Span::current(),
         )))

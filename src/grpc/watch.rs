@@ -5,16 +5,19 @@
 //! fell behind.
 
 use std::{
-    future::Future,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
 
-use tokio::time::{Instant, Sleep};
 use tokio_stream::Stream;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::Status;
+
+mod alarms;
+
+use alarms::Alarm;
+pub use alarms::Alarms;
 
 use crate::{
     error::CoordError,
@@ -84,28 +87,28 @@ fn from_delivery(delivery: Result<Delivery, crate::events::Lagged>) -> Step {
 /// reaches the socket with no task or channel in between (a pump task
 /// feeding a channel cost each batch one more wake-up, and under load one
 /// more wait in the run queue). The stream is polled by hand rather than
-/// built from async blocks: a replica holds one per live call, and the
-/// futures an `unfold` + `select!` keep between polls doubled what an idle
-/// watch cost (docs/operations.md, "Memory"). The stream ends cleanly at
-/// the session's `terminated` event or at server shutdown, and with
-/// RESOURCE_EXHAUSTED when the watcher fell behind. How it ended is recorded
-/// as `span`'s `outcome` when the stream is dropped ("client_left" if the
-/// caller went first), and the watch's `slot` is held until then.
+/// built from async blocks, and its bookmark deadline and shutdown are a
+/// slot in the server's [`Alarms`] rather than a timer and a future of its
+/// own: a replica holds one watch per live call, and what each holds is
+/// multiplied by them (docs/operations.md, "Memory"). The stream ends
+/// cleanly at the session's `terminated` event or at server shutdown, and
+/// with RESOURCE_EXHAUSTED when the watcher fell behind. How it ended is
+/// recorded as `span`'s `outcome` when the stream is dropped ("client_left"
+/// if the caller went first), and the watch's `slot` is held until then.
 pub fn responses(
     subscription: Subscription,
-    settings: WatchSettings,
-    shutdown: CancellationToken,
+    max_batch: usize,
+    alarms: &Arc<Alarms>,
     slot: Option<WatchSlot>,
     span: tracing::Span,
 ) -> WatchStream {
     Box::pin(Watch {
         subscription,
-        settings,
-        shutdown: shutdown.cancelled_owned(),
-        quiet: tokio::time::sleep(settings.bookmark_interval),
+        alarm: alarms.alarm(),
+        max_batch: u32::try_from(max_batch).unwrap_or(u32::MAX),
         done: false,
         ending: Ending {
-            outcome: "client_left",
+            outcome: Outcome::ClientLeft,
             slot,
             span,
         },
@@ -115,37 +118,58 @@ pub fn responses(
 /// The response stream a Watch answers with.
 pub type WatchStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = WatchItem> + Send>>;
 
-const LAGGED: &str = "lagged";
+struct Watch {
+    subscription: Subscription,
+    alarm: Alarm,
+    max_batch: u32,
+    done: bool,
+    ending: Ending,
+}
 
-pin_project_lite::pin_project! {
-    struct Watch {
-        subscription: Subscription,
-        settings: WatchSettings,
-        #[pin]
-        shutdown: WaitForCancellationFutureOwned,
-        // Fires when the stream has been quiet for the bookmark interval.
-        #[pin]
-        quiet: Sleep,
-        done: bool,
-        ending: Ending,
+/// How a watch ended, as its span records it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    ClientLeft,
+    ServerShutdown,
+    SessionTerminated,
+    Lagged,
+    Ended,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::ClientLeft => "client_left",
+            Outcome::ServerShutdown => "server_shutdown",
+            Outcome::SessionTerminated => "session_terminated",
+            Outcome::Lagged => "lagged",
+            Outcome::Ended => "ended",
+        }
     }
 }
 
 /// Records how the watch ended when it is dropped, whoever drops it.
 struct Ending {
-    outcome: &'static str,
+    outcome: Outcome,
     slot: Option<WatchSlot>,
     span: tracing::Span,
 }
 
 impl Drop for Ending {
     fn drop(&mut self) {
-        if self.outcome == LAGGED {
+        if self.outcome == Outcome::Lagged {
             if let Some(slot) = &self.slot {
                 slot.count_lagged();
             }
         }
-        self.span.record("outcome", self.outcome);
+        self.span.record("outcome", self.outcome.as_str());
+    }
+}
+
+impl Watch {
+    fn end(&mut self, outcome: Outcome) {
+        self.ending.outcome = outcome;
+        self.done = true;
     }
 }
 
@@ -154,20 +178,20 @@ impl Stream for Watch {
 
     /// Shutdown first, then events, then (when quiet) a bookmark.
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<WatchItem>> {
-        let mut this = self.project();
-        if *this.done {
+        // Every field is Unpin: the stream is polled in place.
+        let this = self.get_mut();
+        if this.done {
             return Poll::Ready(None);
         }
-        let max_batch = this.settings.max_batch;
+        let max_batch = this.max_batch as usize;
         loop {
-            if this.shutdown.as_mut().poll(cx).is_ready() {
-                this.ending.outcome = "server_shutdown";
-                *this.done = true;
+            if this.alarm.shutting_down() {
+                this.end(Outcome::ServerShutdown);
                 return Poll::Ready(None);
             }
             let step = if let Poll::Ready(delivery) = this.subscription.poll_next(cx, max_batch) {
                 from_delivery(delivery)
-            } else if this.quiet.as_mut().poll(cx).is_ready() {
+            } else if this.alarm.bookmark_due() {
                 match this.subscription.bookmark(max_batch) {
                     Ok(Bookmark::Progress(progress_seq)) => Step::Send {
                         message: pb::WatchResponse {
@@ -180,21 +204,21 @@ impl Stream for Watch {
                     Ok(Bookmark::NotNow) => Step::Quiet,
                     Err(lagged) => Step::Fail(CoordError::WatcherLagged(lagged).into()),
                 }
+            } else if this.alarm.wait(cx.waker()) {
+                // Shutdown began while the waker was being set.
+                continue;
             } else {
                 return Poll::Pending;
             };
-            this.quiet
-                .as_mut()
-                .reset(Instant::now() + this.settings.bookmark_interval);
+            this.alarm.rearm();
             match step {
                 Step::Send { message, last } => {
                     if last {
-                        this.ending.outcome = "session_terminated";
-                        *this.done = true;
+                        this.end(Outcome::SessionTerminated);
                     }
                     return Poll::Ready(Some(Ok(message)));
                 }
-                // Polled again: the reset timer must register its wake-up.
+                // Polled again: the new deadline is set when it waits.
                 Step::Quiet => {}
                 Step::Fail(status) => {
                     this.ending.span.in_scope(|| {
@@ -204,16 +228,30 @@ impl Stream for Watch {
                             "watch ended"
                         );
                     });
-                    this.ending.outcome = LAGGED;
-                    *this.done = true;
+                    this.end(Outcome::Lagged);
                     return Poll::Ready(Some(Err(status)));
                 }
                 Step::Stop => {
-                    this.ending.outcome = "ended";
-                    *this.done = true;
+                    this.end(Outcome::Ended);
                     return Poll::Ready(None);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What every open watch holds beyond the transport's share: measured by
+    /// `respcoord-bench wire` (docs/operations.md, "Memory"); a regression
+    /// here is a regression there, multiplied by every live call. 256 is an
+    /// allocator size class (mimalloc's and glibc's): one byte more and the
+    /// box costs 320.
+    #[test]
+    fn an_open_watch_fits_in_256_bytes() {
+        let size = std::mem::size_of::<Watch>();
+        assert!(size <= 256, "a Watch stream is {size} bytes");
     }
 }
