@@ -167,7 +167,14 @@ impl Kind {
 /// A turnover (`turnover`: the stream's leader moved, the connection broke
 /// or came back) cuts both waits short: a request in flight is abandoned
 /// and sent again at once, and so is a request waiting out its pause. An
-/// abandoned write may still land; `Inner::call` recognises its own bytes.
+/// abandoned write may still land; `Inner::write` recognises its own write
+/// (`landed`). For [`SETTLING`] after a turnover the pause stays at most
+/// [`SETTLING_PAUSE`]: a replica that reconnected to a node just restarted
+/// by SIGTERM meets "no responders" until that node has its routes and
+/// JetStream back, a few hundred milliseconds, and a pause grown to 250 ms
+/// added that much again to every call (`respcoord-bench failover`,
+/// docs/cluster.md). Outside that window a long outage (an election after
+/// a crash) keeps the longer pause, so waiting calls do not storm it.
 pub(super) struct Patience {
     deadline: Instant,
     pause: Duration,
@@ -176,6 +183,10 @@ pub(super) struct Patience {
 
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
 const LONGEST_PAUSE: Duration = Duration::from_millis(250);
+/// How long after a turnover the cluster counts as settling.
+pub(super) const SETTLING: Duration = Duration::from_secs(2);
+/// The longest pause while it is.
+pub(super) const SETTLING_PAUSE: Duration = Duration::from_millis(40);
 
 impl Patience {
     pub(super) fn new(patience: Duration, turnovers: Turnovers) -> Self {
@@ -199,9 +210,15 @@ impl Patience {
         if now >= self.deadline {
             return Err(CoordError::Unavailable(reason));
         }
+        let longest = if self.turnovers.settling(SETTLING) {
+            SETTLING_PAUSE
+        } else {
+            LONGEST_PAUSE
+        };
+        let pause = self.pause.min(longest);
         tokio::select! {
-            () = tokio::time::sleep(self.pause.min(self.deadline - now)) => {
-                self.pause = (self.pause * 2).min(LONGEST_PAUSE);
+            () = tokio::time::sleep(pause.min(self.deadline - now)) => {
+                self.pause = (pause * 2).min(longest);
             }
             // Whatever was failing has just changed: try at once, and
             // from the shortest pause again.
@@ -432,6 +449,8 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_millis(300));
         assert_eq!(stats.counts(0).store_retries, [0, 0, 0, 0, 1]);
 
+        // Past the settling after that turnover, pauses grow again.
+        tokio::time::advance(SETTLING).await;
         let mut patience = Patience::new(Duration::from_secs(10), turnover.subscribe());
         let started = Instant::now();
         let mut tries = 0;
@@ -459,5 +478,67 @@ mod tests {
             .await;
         assert_eq!(answer, Ok(5));
         assert_eq!(started.elapsed(), Duration::from_millis(200));
+    }
+
+    /// A replica that reconnected to a restarted node meets "no responders"
+    /// until the node is ready: for `SETTLING` after the turnover it asks
+    /// again every `SETTLING_PAUSE` at most, so the call goes through within
+    /// that of the node being ready; later, pauses grow to `LONGEST_PAUSE`.
+    #[tokio::test(start_paused = true)]
+    async fn after_a_turnover_a_failing_request_is_tried_again_often_until_the_cluster_settles() {
+        let stats = NatsStats::default();
+        let turnover = super::super::turnover::Turnover::new();
+        turnover.happened("connected");
+        let started = Instant::now();
+        let ready_at = started + Duration::from_millis(700);
+        let mut patience = Patience::new(Duration::from_secs(10), turnover.subscribe());
+        let answer: Result<Instant, StoreFailure> = patience
+            .retry(&stats, StoreOp::Write, || async move {
+                if Instant::now() < ready_at {
+                    return Err(StoreFailure::Transient(
+                        RetryReason::NoResponders,
+                        "no responders".into(),
+                    ));
+                }
+                Ok(Instant::now())
+            })
+            .await;
+        let through = answer.expect("the node became ready");
+        assert!(
+            through - ready_at <= SETTLING_PAUSE,
+            "{:?}",
+            through - ready_at
+        );
+
+        // Long after the turnover the pauses grow as before.
+        tokio::time::advance(SETTLING).await;
+        let mut patience = Patience::new(Duration::from_secs(10), turnover.subscribe());
+        let mut pauses = Vec::new();
+        let mut last = Instant::now();
+        let _: Result<(), StoreFailure> = patience
+            .retry(&stats, StoreOp::Write, || {
+                let now = Instant::now();
+                pauses.push(now - last);
+                last = now;
+                async move {
+                    if pauses_done(now, started) {
+                        return Ok(());
+                    }
+                    Err(StoreFailure::Transient(
+                        RetryReason::NoResponders,
+                        "no responders".into(),
+                    ))
+                }
+            })
+            .await;
+        assert_eq!(
+            pauses[1..6],
+            [20, 40, 80, 160, 250].map(Duration::from_millis),
+            "{pauses:?}"
+        );
+    }
+
+    fn pauses_done(now: Instant, started: Instant) -> bool {
+        now - started > Duration::from_secs(4)
     }
 }

@@ -17,33 +17,33 @@
 //! leader takes over. A client whose NATS permissions do not allow
 //! subscribing to that advisory still fails over, waiting on timeouts.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
-use tokio::sync::watch;
+use tokio::{sync::watch, time::Instant};
 use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
-/// Counts turnovers; every store request and the follower watch the count.
+/// Announces turnovers, with when the last one was; every store request
+/// and the follower watch it.
 #[derive(Debug)]
 pub(super) struct Turnover {
-    count: watch::Sender<u64>,
+    last: watch::Sender<Option<Instant>>,
 }
 
 impl Turnover {
     pub(super) fn new() -> Arc<Self> {
         Arc::new(Self {
-            count: watch::channel(0).0,
+            last: watch::channel(None).0,
         })
     }
 
     pub(super) fn happened(&self, what: &'static str) {
-        self.count
-            .send_modify(|count| *count = count.wrapping_add(1));
+        self.last.send_modify(|last| *last = Some(Instant::now()));
         tracing::debug!(what, "NATS turnover: requests in flight are sent again");
     }
 
     pub(super) fn subscribe(&self) -> Turnovers {
-        Turnovers(self.count.subscribe())
+        Turnovers(self.last.subscribe())
     }
 
     /// What the connection's `event` means for requests in flight.
@@ -59,9 +59,16 @@ impl Turnover {
 
 /// One watcher's view of the turnovers.
 #[derive(Debug, Clone)]
-pub(super) struct Turnovers(watch::Receiver<u64>);
+pub(super) struct Turnovers(watch::Receiver<Option<Instant>>);
 
 impl Turnovers {
+    /// Whether the last turnover came less than `window` ago: the cluster
+    /// or the connection is settling (a restarted node taking requests, a
+    /// new leader catching up) and a failing request may succeed any moment.
+    pub(super) fn settling(&self, window: Duration) -> bool {
+        self.0.borrow().is_some_and(|at| at.elapsed() < window)
+    }
+
     /// Forgets the turnovers so far: `next` waits for a later one.
     pub(super) fn mark_seen(&mut self) {
         self.0.borrow_and_update();
@@ -141,6 +148,20 @@ mod tests {
         drop(turnover);
         let quiet = tokio::time::timeout(Duration::from_millis(20), turnovers.next()).await;
         assert!(quiet.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_cluster_is_settling_for_a_while_after_each_turnover() {
+        let turnover = Turnover::new();
+        let turnovers = turnover.subscribe();
+        let window = Duration::from_secs(2);
+        assert!(!turnovers.settling(window), "no turnover yet");
+        turnover.happened("test");
+        assert!(turnovers.settling(window));
+        tokio::time::advance(Duration::from_millis(1_900)).await;
+        assert!(turnovers.settling(window));
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert!(!turnovers.settling(window));
     }
 
     #[test]
