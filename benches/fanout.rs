@@ -32,7 +32,7 @@ use respcoord::{
     events::{Delivery, Subscription},
     ids::SessionId,
     machine::{FinishStatus, Source},
-    registry::{Registry, RegistryConfig},
+    registry::{CoordConfig, Registry},
 };
 use tokio::runtime::Runtime;
 
@@ -110,7 +110,7 @@ fn fanout(c: &mut Criterion<BenchClock>) {
                 .enable_all()
                 .build()
                 .expect("runtime");
-            let registry = Registry::new(RegistryConfig::default());
+            let registry = Registry::new(CoordConfig::default());
             let id = SessionId::parse("fanout-session").expect("id");
             let counters = Arc::new(Counters::default());
             for _ in 0..watchers {

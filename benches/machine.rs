@@ -10,7 +10,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use respcoord::{
     ids::ResponseId,
-    machine::{transition, ActiveResponse, FinishStatus, Input, Phase, Source, TeardownReason},
+    machine::{transition, ActiveResponse, Call, FinishStatus, Phase, Source, TeardownReason},
 };
 use support::BenchClock;
 
@@ -25,17 +25,17 @@ fn machine(c: &mut Criterion<BenchClock>) {
         id: id(7),
         source: Source::Client,
     });
-    let start = Input::Start {
-        new_response: id(8),
+    let start = Call::Start {
         source: Source::Vad,
+        request_id: None,
     };
-    let cases: [(&str, Phase, Input); 6] = [
-        ("start_idle", Phase::Idle, start),
+    let cases: [(&str, Phase, Call); 6] = [
+        ("start_idle", Phase::Idle, start.clone()),
         ("start_supersede", active, start),
         (
             "finish_applied",
             active,
-            Input::Finish {
+            Call::Finish {
                 response: Some(id(7)),
                 status: FinishStatus::Completed,
             },
@@ -43,25 +43,34 @@ fn machine(c: &mut Criterion<BenchClock>) {
         (
             "finish_stale",
             active,
-            Input::Finish {
+            Call::Finish {
                 response: Some(id(6)),
                 status: FinishStatus::Completed,
             },
         ),
-        ("cancel", active, Input::Cancel { only_if: None }),
+        (
+            "cancel",
+            active,
+            Call::Cancel {
+                only_if: None,
+                source: Source::Client,
+            },
+        ),
         (
             "teardown_active",
             active,
-            Input::Teardown {
+            Call::Teardown {
                 reason: TeardownReason::Shutdown,
             },
         ),
     ];
     let mut group = c.benchmark_group("machine");
     group.throughput(Throughput::Elements(1));
-    for (name, phase, input) in cases {
+    // A Start's response gets id 8.
+    let new_response = id(8);
+    for (name, phase, call) in cases {
         group.bench_function(name, |b| {
-            b.iter(|| transition(black_box(phase), black_box(input)))
+            b.iter(|| transition(black_box(phase), black_box(&call), black_box(new_response)))
         });
     }
     group.finish();

@@ -46,7 +46,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use respcoord::{
     ids::{ResponseId, SessionId},
     machine::{FinishStatus, Source},
-    registry::{Registry, RegistryConfig},
+    registry::{CoordConfig, Registry},
 };
 
 mod support;
@@ -93,9 +93,9 @@ struct Fixture {
 
 impl Fixture {
     fn build(sessions: usize) -> Self {
-        let registry = Registry::new(RegistryConfig {
+        let registry = Registry::new(CoordConfig {
             max_sessions: sessions * 2 + 16,
-            ..RegistryConfig::default()
+            ..CoordConfig::default()
         });
         for i in 0..sessions {
             let id = session_id(i);

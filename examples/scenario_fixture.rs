@@ -48,7 +48,7 @@ use respcoord::{
     grpc::{CoordinatorService, WatchSettings},
     nats::{NatsCoordinator, NatsSettings},
     proto::v1::response_coordinator_server::ResponseCoordinatorServer,
-    registry::{Registry, RegistryConfig},
+    registry::{CoordConfig, Registry},
 };
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -119,7 +119,7 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn coordinator(serve: &Serve) -> Result<Coordinator, Failure> {
-    let config = RegistryConfig::default();
+    let config = CoordConfig::default();
     Ok(match serve.backend {
         Backend::Memory => Registry::new(config).into(),
         Backend::Nats => {

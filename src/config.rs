@@ -16,7 +16,7 @@ use crate::{
     grpc::WatchSettings,
     nats::{NatsSecurity, NatsSettings, Secret},
     server::{Limits, Pem, TlsConfig},
-    shared::RegistryConfig,
+    shared::CoordConfig,
 };
 
 #[derive(Debug, Parser)]
@@ -413,9 +413,9 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    pub fn registry_config(&self) -> RegistryConfig {
+    pub fn registry_config(&self) -> CoordConfig {
         let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
-        RegistryConfig {
+        CoordConfig {
             shards: size(self.shards),
             max_sessions: size(self.max_sessions),
             idle_ttl: self.session_idle_ttl,

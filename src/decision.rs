@@ -1,17 +1,22 @@
 //! The decision of one call, written once for both backends (quinn-proto's
-//! sans-IO shape): a pure function of the session record, the call, the time
-//! and the id/seq stamp that says everything the call does, and one for
-//! expiry. No I/O, no lock, no clock: the memory registry applies a decision
-//! under its shard lock, the NATS backend under its compare-and-set loop, and
-//! both carry out its effects (publish, store, count) in their own way.
+//! sans-IO shape), in two phases that never call back into the backend.
+//! [`decide`] reads the session record, the call and the time and says what
+//! the call answers without a change (not found, session limit, replay, a
+//! call the machine leaves as it was), or hands back a change ready to
+//! apply ([`ReadyChange`]); the backend then takes its own locks, makes the
+//! [`Stamp`] (seqs, time, the id a Start mints) and applies it. Likewise
+//! [`decide_expiry`] for expiry. No I/O, no lock, no clock: the memory
+//! registry applies under its shard lock, the NATS backend under its
+//! compare-and-set loop, and both carry out the effects (publish, store,
+//! count) in their own way.
 
 pub use crate::session::Stamp;
 use crate::{
     error::CoordError,
     event::Change,
     ids::{ResponseId, SessionId},
-    machine::{Outcome, Phase, TeardownReason},
-    session::{Call, ExpiryCheck, Millis, Session, SessionSnapshot, Ttls},
+    machine::{Call, Outcome, Phase, TeardownReason},
+    session::{Millis, Session, SessionSnapshot, Ttls},
 };
 
 /// What a backend knows of the session a call names.
@@ -31,90 +36,137 @@ pub enum Room {
     Full { max: usize },
 }
 
-/// What a call answers, whichever call it was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reply {
-    Started {
-        response: ResponseId,
-        superseded: Option<ResponseId>,
-        /// The first answer to an earlier Start with the same request id.
-        replayed: bool,
-    },
-    /// A Start on a terminated session.
-    StartRefused,
-    Finished {
-        applied: bool,
-    },
-    /// Cancel's answer: the response it cancelled, if any.
-    Cancelled {
-        cancelled: Option<ResponseId>,
-    },
-    /// A teardown's (Shutdown, expiry): the response it cancelled, if any.
-    TornDown {
-        cancelled: Option<ResponseId>,
-    },
-}
-
-impl Reply {
-    /// The response the reply names (started, or cancelled by a Cancel or
-    /// teardown) and the one a Start superseded.
-    pub fn responses(&self) -> (Option<ResponseId>, Option<ResponseId>) {
-        match *self {
-            Reply::Started {
-                response,
-                superseded,
-                ..
-            } => (Some(response), superseded),
-            Reply::Cancelled { cancelled } | Reply::TornDown { cancelled } => (cancelled, None),
-            Reply::StartRefused | Reply::Finished { .. } => (None, None),
-        }
-    }
-}
-
 /// A decided call: its answer and what the backend must do about it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
-    pub reply: Reply,
+    /// The machine's outcome, which is the call's reply (a replay's is the
+    /// one the Start first had).
+    pub reply: Outcome,
     /// The session after the call, as the reply reports it.
     pub state: SessionSnapshot,
-    /// The call created the session (the backend stores the fresh record).
-    pub created: bool,
-    /// The phase before the call (for the session counts).
-    pub before: Phase,
-    /// When the response live before the call started, if known: how long
-    /// a response this call ended ran (for the metrics).
-    pub live_since: Option<i64>,
-    /// The events it emitted; empty when the machine changed nothing.
-    pub change: Change,
+    /// The phase before the call; `None` when the call created the session
+    /// (the backend stores the fresh record).
+    pub before: Option<Phase>,
+    /// What the call did to the session beyond the touch.
+    pub effect: Effect,
+}
+
+/// What a decided call did to the session beyond the touch every call is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Answered from the replay window: the first answer to an earlier
+    /// Start with the same request id.
+    Replayed,
+    /// The machine left the session as it was (a Start on a terminated
+    /// session, a stale Finish, a Cancel or teardown of nothing).
+    Unchanged,
+    /// A transition, with the events it emitted.
+    Changed {
+        change: Change,
+        /// When the response live before the call started, if known: how
+        /// long a response this call ended ran (for the metrics).
+        live_since: Option<i64>,
+    },
 }
 
 impl Decision {
+    /// The call created the session.
+    pub fn created(&self) -> bool {
+        self.before.is_none()
+    }
+
     /// A replay: the first answer to an earlier Start with the same request
     /// id; the session was only touched.
     pub fn replayed(&self) -> bool {
-        matches!(self.reply, Reply::Started { replayed: true, .. })
+        matches!(self.effect, Effect::Replayed)
+    }
+
+    /// The events the call emitted, if the machine changed the session.
+    pub fn change(&self) -> Option<&Change> {
+        match &self.effect {
+            Effect::Changed { change, .. } => Some(change),
+            Effect::Replayed | Effect::Unchanged => None,
+        }
     }
 
     /// Whether the session record changed beyond the touch: it must be
     /// written (NATS) or was created (memory: stored).
     pub fn changed(&self) -> bool {
-        self.created || !self.change.is_empty()
+        self.created() || self.change().is_some()
+    }
+}
+
+/// What [`decide`] makes of a call before anything is stamped.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decided<'a> {
+    /// The call's answer, which changes nothing but the touch: a replay, or
+    /// a call the machine leaves as it was.
+    Answered(Decision),
+    /// A change, ready to apply once the backend has its stamp.
+    Ready(ReadyChange<'a>),
+}
+
+impl Decided<'_> {
+    /// The answer, or the change applied with `stamp`: for a backend whose
+    /// stamp costs nothing to make whether or not it is used (NATS, tests).
+    pub fn settle(self, stamp: Stamp, history_limit: usize) -> Decision {
+        match self {
+            Decided::Answered(decision) => decision,
+            Decided::Ready(ready) => ready.apply(stamp, history_limit),
+        }
+    }
+}
+
+/// A call that changes its session, decided but not yet applied: the
+/// backend takes its own locks, makes the [`Stamp`] and calls
+/// [`ReadyChange::apply`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct ReadyChange<'a> {
+    session: &'a mut Session,
+    id: &'a SessionId,
+    call: &'a Call,
+    now: Millis,
+    before: Option<Phase>,
+    live_since: Option<i64>,
+}
+
+impl<'a> ReadyChange<'a> {
+    /// Runs the call through the machine with `stamp` (its events stamped
+    /// and retained, up to `history_limit`; 0 where the store keeps them).
+    pub fn apply(self, stamp: Stamp, history_limit: usize) -> Decision {
+        self.apply_to(stamp, history_limit).0
+    }
+
+    /// As `apply`, giving the session back.
+    fn apply_to(self, stamp: Stamp, history_limit: usize) -> (Decision, &'a mut Session) {
+        let (outcome, change) = self
+            .session
+            .apply(self.call, stamp, history_limit, self.now);
+        let decision = Decision {
+            reply: outcome,
+            state: self.session.snapshot(self.id),
+            before: self.before,
+            effect: Effect::Changed {
+                change,
+                live_since: self.live_since,
+            },
+        };
+        trace(self.id, self.call, &decision);
+        (decision, self.session)
     }
 }
 
 /// Decides `call` on `session` at `now`. `session` is the stored record
 /// (`Presence::Stored`) or a fresh `Session::new(now)` (`Presence::Absent`);
-/// it is updated in place (touched, transitioned). `history_limit` is how
-/// many events the record retains itself (0 where the store keeps them).
-pub fn decide(
-    session: &mut Session,
+/// it is touched in place here, and a change is applied to it through the
+/// [`ReadyChange`] handed back, which borrows it until then.
+pub fn decide<'a>(
+    session: &'a mut Session,
     presence: Presence,
-    id: &SessionId,
-    call: &Call,
+    id: &'a SessionId,
+    call: &'a Call,
     now: Millis,
-    stamp: impl FnOnce() -> Stamp,
-    history_limit: usize,
-) -> Result<Decision, CoordError> {
+) -> Result<Decided<'a>, CoordError> {
     let created = match presence {
         Presence::Stored => false,
         Presence::Absent { .. } if !call.creates() => {
@@ -128,46 +180,41 @@ pub fn decide(
         } => true,
     };
     session.touch(now);
-    let before = session.phase();
-    let live_since = session.live_since();
-    if let Some(record) = call.request_id().and_then(|r| session.replayed(r)) {
-        return Ok(Decision {
-            reply: Reply::Started {
-                response: record.response,
-                superseded: record.superseded,
-                replayed: true,
-            },
-            state: session.snapshot(id),
-            created,
-            before,
-            live_since,
-            change: Change {
-                first_revision: session.revision() + 1,
-                unix_nanos: 0,
-                kinds: Default::default(),
-            },
-        });
-    }
-    let (outcome, change) = session.apply(call, stamp(), history_limit, now);
-    let decision = Decision {
-        reply: reply_of(outcome),
+    let before = (!created).then(|| session.phase());
+    let answered = |reply, effect| Decision {
+        reply,
         state: session.snapshot(id),
-        created,
+        before,
+        effect,
+    };
+    if let Some(record) = call.request_id().and_then(|r| session.replayed(r)) {
+        let reply = Outcome::Started {
+            response: record.response,
+            superseded: record.superseded,
+        };
+        return Ok(Decided::Answered(answered(reply, Effect::Replayed)));
+    }
+    if let Some(outcome) = session.unchanged_by(call) {
+        return Ok(Decided::Answered(answered(outcome, Effect::Unchanged)));
+    }
+    let live_since = session.live_since();
+    Ok(Decided::Ready(ReadyChange {
+        session,
+        id,
+        call,
+        now,
         before,
         live_since,
-        change,
-    };
-    trace(id, call, &decision);
-    Ok(decision)
+    }))
 }
 
 /// One debug event per transition, here for both backends and expiry (as
 /// quinn-proto traces inside its state machine): filtering
 /// `respcoord::decision=debug` shows every change of every session.
 fn trace(id: &SessionId, call: &Call, decision: &Decision) {
-    if decision.change.is_empty() {
+    let Some(change) = decision.change() else {
         return;
-    }
+    };
     let (response, superseded) = decision.reply.responses();
     // Names and ids as text, not Rust's `Debug` of the types.
     tracing::debug!(
@@ -176,41 +223,47 @@ fn trace(id: &SessionId, call: &Call, decision: &Decision) {
         response_id = response.map(tracing::field::display),
         superseded_response_id = superseded.map(tracing::field::display),
         revision = decision.state.revision,
-        events = decision.change.kinds.len(),
+        events = change.kinds.len(),
         "transition"
     );
 }
 
-fn reply_of(outcome: Outcome) -> Reply {
-    match outcome {
-        Outcome::Started {
-            response,
-            superseded,
-        } => Reply::Started {
-            response,
-            superseded,
-            replayed: false,
-        },
-        Outcome::StartRefused => Reply::StartRefused,
-        Outcome::Finished { applied } => Reply::Finished { applied },
-        Outcome::Cancelled { cancelled } => Reply::Cancelled { cancelled },
-        Outcome::TornDown { cancelled } => Reply::TornDown { cancelled },
-    }
-}
-
 /// What expiry does with a session it looks at.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ExpiryDecision {
+#[derive(Debug, PartialEq, Eq)]
+pub enum ExpiryDecision<'a> {
     /// Not due: look again at this time.
     NotDue { at: Millis },
     /// Terminated for the tombstone TTL: forget the record.
     Forget,
-    /// Idle for the TTL: torn down with reason EXPIRED (the record is
-    /// updated in place); look again at `next_check` to forget it.
-    Expired {
-        decision: Decision,
-        next_check: Millis,
-    },
+    /// Idle for the TTL: to be torn down with reason EXPIRED once the
+    /// backend has its stamp.
+    Expire(ReadyExpiry<'a>),
+}
+
+/// An expiry decided but not yet applied (see [`ReadyChange`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ReadyExpiry<'a> {
+    change: ReadyChange<'a>,
+    ttls: Ttls,
+}
+
+/// An applied expiry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expired {
+    pub decision: Decision,
+    /// When to look again, to forget the tombstone.
+    pub next_check: Millis,
+}
+
+impl ReadyExpiry<'_> {
+    /// Tears the session down with `stamp` (see [`ReadyChange::apply`]).
+    pub fn apply(self, stamp: Stamp, history_limit: usize) -> Expired {
+        let (decision, session) = self.change.apply_to(stamp, history_limit);
+        Expired {
+            decision,
+            next_check: session.next_deadline(self.ttls).saturating_add(1),
+        }
+    }
 }
 
 /// The teardown that expiry makes.
@@ -222,36 +275,34 @@ pub const EXPIRY: Call = Call::Teardown {
 /// the backend that carries it out, once it has). Strictly after the
 /// deadline, so a session never expires before its TTL even with
 /// millisecond rounding.
-pub fn decide_expiry(
-    session: &mut Session,
-    id: &SessionId,
+pub fn decide_expiry<'a>(
+    session: &'a mut Session,
+    id: &'a SessionId,
     now: Millis,
     ttls: Ttls,
-    stamp: impl FnOnce() -> Stamp,
-    history_limit: usize,
-) -> ExpiryDecision {
-    match session.expiry_check(now, ttls) {
-        ExpiryCheck::NotBefore(at) => ExpiryDecision::NotDue { at },
-        ExpiryCheck::Forget => ExpiryDecision::Forget,
-        ExpiryCheck::Expire => {
-            let before = session.phase();
-            let live_since = session.live_since();
-            let (outcome, change) = session.apply(&EXPIRY, stamp(), history_limit, now);
-            let decision = Decision {
-                reply: reply_of(outcome),
-                state: session.snapshot(id),
-                created: false,
-                before,
-                live_since,
-                change,
-            };
-            trace(id, &EXPIRY, &decision);
-            ExpiryDecision::Expired {
-                decision,
-                next_check: session.next_deadline(ttls).saturating_add(1),
-            }
-        }
+) -> ExpiryDecision<'a> {
+    let deadline = session.next_deadline(ttls);
+    if now <= deadline {
+        return ExpiryDecision::NotDue {
+            at: deadline.saturating_add(1),
+        };
     }
+    if session.is_terminated() {
+        return ExpiryDecision::Forget;
+    }
+    let before = Some(session.phase());
+    let live_since = session.live_since();
+    ExpiryDecision::Expire(ReadyExpiry {
+        change: ReadyChange {
+            session,
+            id,
+            call: &EXPIRY,
+            now,
+            before,
+            live_since,
+        },
+        ttls,
+    })
 }
 
 /// Start's reply.
@@ -274,28 +325,28 @@ impl Decision {
     /// As Start's reply: a started (or replayed) response, or the refusal of
     /// a terminated session.
     pub fn started(self, id: &SessionId) -> Result<Started, CoordError> {
+        let replayed = self.replayed();
         match self.reply {
-            Reply::Started {
+            Outcome::Started {
                 response,
                 superseded,
-                replayed,
             } => Ok(Started {
                 response,
                 superseded,
                 replayed,
                 state: self.state,
             }),
-            Reply::StartRefused
-            | Reply::Finished { .. }
-            | Reply::Cancelled { .. }
-            | Reply::TornDown { .. } => Err(CoordError::SessionTerminated(id.clone())),
+            Outcome::StartRefused
+            | Outcome::Finished { .. }
+            | Outcome::Cancelled { .. }
+            | Outcome::TornDown { .. } => Err(CoordError::SessionTerminated(id.clone())),
         }
     }
 
     /// As Finish's reply: whether it applied.
     pub fn finished(self) -> Changed<bool> {
         Changed {
-            result: matches!(self.reply, Reply::Finished { applied: true }),
+            result: matches!(self.reply, Outcome::Finished { applied: true }),
             state: self.state,
         }
     }
@@ -303,8 +354,8 @@ impl Decision {
     /// As Cancel's and Shutdown's reply: the response they cancelled.
     pub fn cancelled(self) -> Changed<Option<ResponseId>> {
         let result = match self.reply {
-            Reply::Cancelled { cancelled } | Reply::TornDown { cancelled } => cancelled,
-            Reply::Started { .. } | Reply::StartRefused | Reply::Finished { .. } => None,
+            Outcome::Cancelled { cancelled } | Outcome::TornDown { cancelled } => cancelled,
+            Outcome::Started { .. } | Outcome::StartRefused | Outcome::Finished { .. } => None,
         };
         Changed {
             result,

@@ -67,11 +67,12 @@ impl Change {
         self.kinds.is_empty()
     }
 
-    /// The events watchers see, event `i` carrying `seq_of(i)`.
+    /// The events watchers see, numbered with consecutive seqs from
+    /// `first_seq`.
     pub fn events(
         &self,
         session_id: &SessionId,
-        seq_of: impl Fn(usize) -> u64,
+        first_seq: u64,
     ) -> ArrayVec<SharedEvent, MAX_EVENTS_PER_TRANSITION> {
         self.kinds
             .iter()
@@ -80,7 +81,7 @@ impl Change {
                 LifecycleEvent::shared(
                     session_id,
                     self.first_revision + index as u64,
-                    seq_of(index),
+                    first_seq + index as u64,
                     self.unix_nanos,
                     *kind,
                 )

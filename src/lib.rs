@@ -7,12 +7,16 @@
 //!
 //! Pure core (no I/O, no async, no clock):
 //! - [`machine`] — machine M3, a total transition function
-//!   `(Phase, Input) -> (Phase, events, outcome)`.
+//!   `(Phase, Call) -> (Phase, events, outcome)`; the call and the outcome
+//!   are the backends' call and reply.
 //! - [`session`] — one session's record around the machine: revisions, retained
 //!   events, request-id replay, idle/tombstone deadlines (time is an argument).
-//! - [`decision`] — the whole of a call, decided once for both backends:
-//!   `decide` (not found, session limit, replay, touch, transition) and
-//!   `decide_expiry`, from the record, the call, the time and a stamp; the
+//! - [`decision`] — the whole of a call, decided once for both backends and
+//!   in two phases: `decide` (and `decide_expiry`) says from the record, the
+//!   call and the time what the call answers without a change (not found,
+//!   session limit, replay, no change) or hands back a change ready to apply;
+//!   the backend takes its own locks, makes the stamp (seqs, time, minted
+//!   id) and applies it. The core never calls back into the backend. The
 //!   replies (`Started`, `Changed`) are read off the decision.
 //! - [`event`] — the lifecycle event and the one place events are built
 //!   (`Change::events`, from a decision or a stored entry).

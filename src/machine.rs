@@ -1,20 +1,23 @@
 //! Machine M3: response coordination for one session, as a pure function.
 //!
-//! This is the whole of the decision logic. [`transition`] is total over
-//! `(Phase, Input)`, deterministic, and free of I/O, clocks and async: the
-//! registry feeds it inputs and carries out what it returns (stamping and
-//! publishing events, answering the caller). Because a call is one call of
-//! [`transition`] under the session's lock, superseding a response cancels the
-//! old one and starts the new one in a single step; the spec's `atomic start`
-//! (`proto/PROTOCOL.md`, "The formal model") is this function's shape, and the
-//! legacy dual-writer race it removes cannot be expressed here.
+//! This is the whole of the transition logic. [`transition`] is total over
+//! `(Phase, Call)`, deterministic, and free of I/O, clocks and async:
+//! `session` runs it on a session's record, `decision` decides everything
+//! around it (presence, the session limit, replay), and each backend stamps,
+//! stores and publishes what it returns. Because a call is one call of
+//! [`transition`], applied to a session atomically (the memory registry's
+//! shard lock, the NATS backend's compare-and-set), superseding a response
+//! cancels the old one and starts the new one in a single step; the spec's
+//! `atomic start` (`proto/PROTOCOL.md`, "The formal model") is this
+//! function's shape, and the legacy dual-writer race it removes cannot be
+//! expressed here.
 //!
 //! The state is an enum whose variants carry only their own data, so "active
 //! with no response" or "terminated with a live response" cannot be written.
 
 use arrayvec::ArrayVec;
 
-use crate::ids::ResponseId;
+use crate::ids::{RequestId, ResponseId};
 
 /// Which gateway path asked. Recorded for observability only: no transition
 /// ever depends on it.
@@ -89,17 +92,17 @@ impl From<TeardownReason> for CancelReason {
 /// A response's terminal. Only a cancellation carries a reason, so an `ended`
 /// event with status COMPLETED and a reason cannot be constructed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Ending {
+pub enum Terminal {
     Completed,
     Failed,
     Cancelled(CancelReason),
 }
 
-impl From<FinishStatus> for Ending {
+impl From<FinishStatus> for Terminal {
     fn from(status: FinishStatus) -> Self {
         match status {
-            FinishStatus::Completed => Ending::Completed,
-            FinishStatus::Failed => Ending::Failed,
+            FinishStatus::Completed => Terminal::Completed,
+            FinishStatus::Failed => Terminal::Failed,
         }
     }
 }
@@ -117,22 +120,26 @@ pub enum EventKind {
     },
     Ended {
         response: ResponseId,
-        ending: Ending,
+        ending: Terminal,
     },
     Terminated {
         reason: TeardownReason,
     },
 }
 
-/// The inputs M3 accepts: the spec's actions, with the data each needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Input {
-    /// StartFromClient / StartFromVad. `new_response` is minted by the caller
-    /// (it must exceed every id this session has used); it is only consumed if
-    /// the transition accepts the start.
+/// A call on a session: the spec's actions, with the data each carries.
+/// The machine's input as it is the backend's: what only the layers around
+/// the machine read (a Start's idempotency key, who asked for a Cancel) is
+/// carried here and never changes a transition.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    /// StartFromClient / StartFromVad. The id the response gets is minted
+    /// by the caller and given to [`transition`] beside the call.
     Start {
-        new_response: ResponseId,
         source: Source,
+        /// The idempotency key the session's replay window answers a retry
+        /// by (`session`); the machine never reads it.
+        request_id: Option<RequestId>,
     },
     /// FinishCurrent, fenced by id: only the active response may finish.
     /// `None` (wire id 0) never matches and is therefore always stale.
@@ -141,12 +148,55 @@ pub enum Input {
         status: FinishStatus,
     },
     /// CancelReq. With `only_if`, cancels only that response.
-    Cancel { only_if: Option<ResponseId> },
+    Cancel {
+        only_if: Option<ResponseId>,
+        /// Who asked: recorded for the metrics (stops by source), never
+        /// part of the transition.
+        source: Source,
+    },
     /// Shutdown (explicit) or idle expiry.
     Teardown { reason: TeardownReason },
 }
 
-/// The reply a transition owes its caller.
+impl Call {
+    /// Whether the call creates the session it names when there is none:
+    /// Start does, and Shutdown (a tombstone, so a later Start is refused).
+    pub fn creates(&self) -> bool {
+        matches!(
+            self,
+            Call::Start { .. }
+                | Call::Teardown {
+                    reason: TeardownReason::Shutdown
+                }
+        )
+    }
+
+    /// The call as logs name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Call::Start { .. } => "start",
+            Call::Finish { .. } => "finish",
+            Call::Cancel { .. } => "cancel",
+            Call::Teardown {
+                reason: TeardownReason::Shutdown,
+            } => "shutdown",
+            Call::Teardown {
+                reason: TeardownReason::Expired,
+            } => "expire",
+        }
+    }
+
+    /// A Start's idempotency key, if it carries one.
+    pub fn request_id(&self) -> Option<&RequestId> {
+        match self {
+            Call::Start { request_id, .. } => request_id.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// The reply a transition owes its caller, and so the reply of the call
+/// (a replayed Start answers with the outcome it first had).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Outcome {
     Started {
@@ -164,6 +214,21 @@ pub enum Outcome {
     TornDown {
         cancelled: Option<ResponseId>,
     },
+}
+
+impl Outcome {
+    /// The response the outcome names (started, or cancelled by a Cancel or
+    /// teardown) and the one a Start superseded.
+    pub fn responses(&self) -> (Option<ResponseId>, Option<ResponseId>) {
+        match *self {
+            Outcome::Started {
+                response,
+                superseded,
+            } => (Some(response), superseded),
+            Outcome::Cancelled { cancelled } | Outcome::TornDown { cancelled } => (cancelled, None),
+            Outcome::StartRefused | Outcome::Finished { .. } => (None, None),
+        }
+    }
 }
 
 /// Most events one transition emits (supersede and teardown emit three).
@@ -201,24 +266,21 @@ fn cancel_events(
     });
     events.push(EventKind::Ended {
         response: active.id,
-        ending: Ending::Cancelled(reason),
+        ending: Terminal::Cancelled(reason),
     });
 }
 
-/// M3's transition function. Total: every `(phase, input)` pair has an answer.
-pub fn transition(phase: Phase, input: Input) -> Transition {
+/// M3's transition function. Total: every `(phase, call)` pair has an
+/// answer. `new_response` is minted by the caller (it must exceed every id
+/// this session has used); it is only consumed if the transition accepts a
+/// start.
+pub fn transition(phase: Phase, call: &Call, new_response: ResponseId) -> Transition {
     let mut events = ArrayVec::new();
-    match (phase, input) {
-        (Phase::Terminated, Input::Start { .. }) => {
+    match (phase, call) {
+        (Phase::Terminated, Call::Start { .. }) => {
             Transition::unchanged(phase, Outcome::StartRefused)
         }
-        (
-            Phase::Idle | Phase::Active(_),
-            Input::Start {
-                new_response,
-                source,
-            },
-        ) => {
+        (Phase::Idle | Phase::Active(_), &Call::Start { source, .. }) => {
             let superseded = phase.active();
             if let Some(old) = superseded {
                 cancel_events(&mut events, old, CancelReason::Superseded);
@@ -239,7 +301,7 @@ pub fn transition(phase: Phase, input: Input) -> Transition {
                 },
             }
         }
-        (Phase::Active(active), Input::Finish { response, status })
+        (Phase::Active(active), &Call::Finish { response, status })
             if response == Some(active.id) =>
         {
             events.push(EventKind::Ended {
@@ -252,10 +314,10 @@ pub fn transition(phase: Phase, input: Input) -> Transition {
                 outcome: Outcome::Finished { applied: true },
             }
         }
-        (_, Input::Finish { .. }) => {
+        (_, Call::Finish { .. }) => {
             Transition::unchanged(phase, Outcome::Finished { applied: false })
         }
-        (Phase::Active(active), Input::Cancel { only_if })
+        (Phase::Active(active), &Call::Cancel { only_if, .. })
             if only_if.is_none_or(|id| id == active.id) =>
         {
             cancel_events(&mut events, active, CancelReason::Requested);
@@ -267,13 +329,13 @@ pub fn transition(phase: Phase, input: Input) -> Transition {
                 },
             }
         }
-        (_, Input::Cancel { .. }) => {
+        (_, Call::Cancel { .. }) => {
             Transition::unchanged(phase, Outcome::Cancelled { cancelled: None })
         }
-        (Phase::Terminated, Input::Teardown { .. }) => {
+        (Phase::Terminated, Call::Teardown { .. }) => {
             Transition::unchanged(phase, Outcome::TornDown { cancelled: None })
         }
-        (Phase::Idle | Phase::Active(_), Input::Teardown { reason }) => {
+        (Phase::Idle | Phase::Active(_), &Call::Teardown { reason }) => {
             let cancelled = phase.active();
             if let Some(active) = cancelled {
                 cancel_events(&mut events, active, reason.into());

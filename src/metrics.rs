@@ -208,13 +208,13 @@ impl Metrics {
 /// Registers the instruments read at collection time. The meter provider
 /// keeps their callbacks for its lifetime.
 fn observe(meter: &Meter, sources: Sources) {
-    let registry = sources.coordinator.clone();
+    let coordinator = sources.coordinator.clone();
     meter
         .u64_observable_counter("respcoord.transitions")
         .with_unit("{transition}")
         .with_description("Session state changes applied, by kind")
         .with_callback(move |observer| {
-            let stats = registry.stats();
+            let stats = coordinator.stats();
             for kind in TransitionKind::ALL {
                 observer.observe(
                     stats.transitions_of(kind),
@@ -224,13 +224,13 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let registry = sources.coordinator.clone();
+    let coordinator = sources.coordinator.clone();
     meter
         .i64_observable_up_down_counter("respcoord.sessions")
         .with_unit("{session}")
         .with_description("Sessions held, by phase (terminated ones are tombstones)")
         .with_callback(move |observer| {
-            let sessions = registry.stats().sessions;
+            let sessions = coordinator.stats().sessions;
             let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
             for (phase, n) in [
                 ("idle", sessions.idle),
@@ -242,28 +242,28 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let registry = sources.coordinator.clone();
+    let coordinator = sources.coordinator.clone();
     meter
         .u64_observable_counter("respcoord.events")
         .with_unit("{event}")
         .with_description("Lifecycle events emitted, by kind")
         .with_callback(move |observer| {
-            let stats = registry.stats();
+            let stats = coordinator.stats();
             for (kind, n) in EVENT_KINDS.into_iter().zip(stats.events) {
                 observer.observe(n, &[KeyValue::new("kind", kind)]);
             }
         })
         .build();
 
-    let registry = sources.coordinator.clone();
+    let coordinator = sources.coordinator.clone();
     meter
         .u64_observable_counter("respcoord.sessions.expired")
         .with_unit("{session}")
         .with_description("Sessions shut down for idleness (reason EXPIRED)")
-        .with_callback(move |observer| observer.observe(registry.stats().expiries(), &[]))
+        .with_callback(move |observer| observer.observe(coordinator.stats().expiries(), &[]))
         .build();
 
-    let registry = sources.coordinator.clone();
+    let coordinator = sources.coordinator.clone();
     meter
         .u64_observable_counter("respcoord.responses.ended")
         .with_unit("{response}")
@@ -271,14 +271,14 @@ fn observe(meter: &Meter, sources: Sources) {
             "Responses ended, by outcome: completed, failed, or the reason it was stopped",
         )
         .with_callback(move |observer| {
-            let stats = registry.stats();
+            let stats = coordinator.stats();
             for (outcome, n) in OUTCOMES.into_iter().zip(stats.ended) {
                 observer.observe(n, &[KeyValue::new("outcome", outcome)]);
             }
         })
         .build();
 
-    let registry = sources.coordinator.clone();
+    let coordinator = sources.coordinator.clone();
     meter
         .f64_observable_counter("respcoord.responses.duration")
         .with_unit("s")
@@ -287,14 +287,14 @@ fn observe(meter: &Meter, sources: Sources) {
              (divide by respcoord_responses_ended_total for the mean)",
         )
         .with_callback(move |observer| {
-            let stats = registry.stats();
+            let stats = coordinator.stats();
             for (outcome, nanos) in OUTCOMES.into_iter().zip(stats.ended_nanos) {
                 observer.observe(nanos as f64 / 1e9, &[KeyValue::new("outcome", outcome)]);
             }
         })
         .build();
 
-    let registry = sources.coordinator.clone();
+    let coordinator = sources.coordinator.clone();
     meter
         .u64_observable_counter("respcoord.responses.stopped")
         .with_unit("{response}")
@@ -303,7 +303,7 @@ fn observe(meter: &Meter, sources: Sources) {
              (the source of the superseding Start or of the Cancel; none for a teardown)",
         )
         .with_callback(move |observer| {
-            let stats = registry.stats();
+            let stats = coordinator.stats();
             for (reason, row) in STOP_REASONS.into_iter().zip(stats.stopped) {
                 for (source, n) in STOPPERS.into_iter().zip(row) {
                     observer.observe(
@@ -318,12 +318,12 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let registry = sources.coordinator;
+    let coordinator = sources.coordinator;
     meter
         .u64_observable_counter("respcoord.request_id.replays")
         .with_unit("{call}")
         .with_description("Start calls answered from the request_id replay window")
-        .with_callback(move |observer| observer.observe(registry.stats().replays, &[]))
+        .with_callback(move |observer| observer.observe(coordinator.stats().replays, &[]))
         .build();
 
     let watches = Arc::clone(&sources.watches);

@@ -4,19 +4,24 @@
 //!
 //! A call on a session: take this replica's local lock for the session (calls
 //! on one session within a replica queue here instead of fighting over
-//! compare-and-set), read the session's entry from the stream leader, run the
-//! pure record and machine (`session::Session::apply_stamped`, the same code
-//! the memory backend runs), and write the new entry with compare-and-set on
-//! the revision that was read. A conflict (another replica wrote first, or
-//! the read was stale) costs one retry; nothing is written twice. The entry
+//! compare-and-set), take the session's entry (the one this replica last
+//! wrote, from `cache`, else a read from the stream leader), decide the call
+//! with the shared decision (`decision::decide`, the same code the memory
+//! backend runs), apply a change with this replica's stamp, and write the
+//! new entry with compare-and-set on the revision it was decided on. A
+//! conflict (another replica wrote first, or the read was stale) costs one
+//! retry; nothing is written twice. An answer that writes nothing (a replay,
+//! a call that changes nothing, a refusal) stands only once a quorum point
+//! shows its entry still the key's latest (`Inner::confirmed`). The entry
 //! carries the new state and the transition's events (`entry`), so the reply
 //! is sent only once both are durable in the bucket.
 //!
 //! Watches are served from every replica's mirror of the bucket (`mirror`);
 //! session watches read their backlog from the key's history in the bucket.
 //! Expiry runs on the one replica holding the expirer lease (`expiry`), and is
-//! decided per session by the same pure check inside the same compare-and-set
-//! path, so even two expirers at once could not expire a session twice.
+//! decided per session by the same pure decision (`decision::decide_expiry`)
+//! inside the same compare-and-set path, so even two expirers at once could
+//! not expire a session twice.
 //!
 //! See `docs/cluster.md` for the consistency each call gets and what each
 //! failure does.
@@ -29,6 +34,7 @@ mod entry;
 mod expiry;
 mod failure;
 mod follow;
+mod landed;
 mod locks;
 mod mirror;
 mod observed;
@@ -54,20 +60,23 @@ use self::{
     cache::EntryCache,
     clock::StreamClock,
     failure::{Patience, StoreFailure},
+    landed::Landed,
     locks::KeyedLocks,
     observed::{NatsStats, StoreOp},
     quorum::QuorumPoints,
     turnover::Turnover,
 };
 use crate::{
-    decision::{self, Changed, Decision, ExpiryDecision, Presence, Reply, Room, Stamp, Started},
+    decision::{
+        self, Changed, Decision, Effect, Expired, ExpiryDecision, Presence, Room, Stamp, Started,
+    },
     error::CoordError,
     events::{EventLog, LogLimits},
     ids::{RequestId, ResponseId, SessionId, SessionScope},
-    machine::{FinishStatus, Phase, Source, TeardownReason},
+    machine::{Call, FinishStatus, Outcome, Phase, Source, TeardownReason},
     nats::mirror::Mirror,
-    session::{Call, Millis, Session, SessionSnapshot, Ttls},
-    shared::{Clock, PageToken, RegistryConfig, SessionPage},
+    session::{Millis, Session, SessionSnapshot, Ttls},
+    shared::{Clock, CoordConfig, PageToken, SessionPage},
     stats::CoordStats,
     sync::Mutex,
 };
@@ -101,7 +110,7 @@ struct Inner {
     mirror: Arc<Mirror>,
     locks: KeyedLocks,
     cache: EntryCache,
-    config: RegistryConfig,
+    config: CoordConfig,
     /// TTLs as the pure expiry check applies them: the idle TTL plus the
     /// touch interval (see `touch_interval`), so a session whose last touch
     /// was not written never expires early.
@@ -129,6 +138,10 @@ struct Inner {
     /// deposed stream leader would (`call_tests`).
     #[cfg(test)]
     stale_reads: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Test seam: the next write of a key lands, but its answer is lost
+    /// while something else happens (`landed::tests`).
+    #[cfg(test)]
+    lost_answers: std::sync::Mutex<std::collections::HashMap<String, landed::Meanwhile>>,
 }
 
 impl Drop for Inner {
@@ -165,25 +178,14 @@ fn unavailable(error: impl std::fmt::Display) -> CoordError {
 /// A session's entry as read: its stored record, or nothing (never created,
 /// or forgotten) with the revision a create must expect.
 enum Read {
-    Live {
-        revision: u64,
-        entry: entry::Entry,
-        /// The stored bytes, where read from the bucket (not the cache): a
-        /// call compares them with its own unanswered writes.
-        value: Option<bytes::Bytes>,
-    },
-    Absent {
-        revision: u64,
-    },
+    Live { revision: u64, entry: entry::Entry },
+    Absent { revision: u64 },
 }
 
 impl NatsCoordinator {
     /// Connects, creates the bucket if it does not exist, loads the mirror
     /// and starts following the bucket.
-    pub async fn connect(
-        settings: &NatsSettings,
-        config: RegistryConfig,
-    ) -> Result<Self, NatsError> {
+    pub async fn connect(settings: &NatsSettings, config: CoordConfig) -> Result<Self, NatsError> {
         let observed = Arc::new(NatsStats::default());
         let turnover = Turnover::new();
         let opened = setup::open_bucket(settings, &observed, &turnover).await?;
@@ -272,6 +274,8 @@ impl NatsCoordinator {
                 follower,
                 #[cfg(test)]
                 stale_reads: std::sync::Mutex::default(),
+                #[cfg(test)]
+                lost_answers: std::sync::Mutex::default(),
             }),
         })
     }
@@ -425,7 +429,6 @@ impl Inner {
                 Ok(Read::Live {
                     revision: stored.revision,
                     entry,
-                    value: Some(stored.value),
                 })
             }
             Err(error) => Err(CoordError::Unreadable {
@@ -489,10 +492,10 @@ impl Inner {
     }
 
     /// Writes `value` if the key is still at `expected`: the new revision,
-    /// or `None` on a conflict. A transient failure is tried again with the
-    /// same bytes and expectation; if an earlier try landed after all, the
-    /// retry meets a conflict, and the caller recognises its own write in
-    /// the next read.
+    /// or `None` when another write came first. A transient failure is
+    /// tried again with the same bytes and expectation; if an earlier try
+    /// landed after all, the retry meets a conflict, and whether this write
+    /// is what moved the key is read from the stream (`landed`).
     async fn write(
         &self,
         key: &str,
@@ -508,16 +511,32 @@ impl Inner {
                 .map(Some)
                 .map_err(unavailable);
         }
+        let mut tries = 0_u32;
         let written = patience
-            .retry(&self.observed, StoreOp::Write, || async {
-                self.kv
-                    .update(key, value.clone(), expected)
-                    .await
-                    .map_err(|error| StoreFailure::of(&error))
+            .retry(&self.observed, StoreOp::Write, || {
+                tries += 1;
+                async {
+                    #[cfg(test)]
+                    if let Some(meanwhile) = self.take_lost_answer(key) {
+                        return self
+                            .land_and_lose_the_answer(key, value, expected, meanwhile)
+                            .await;
+                    }
+                    self.kv
+                        .update(key, value.clone(), expected)
+                        .await
+                        .map_err(|error| StoreFailure::of(&error))
+                }
             })
             .await;
         match written {
             Ok(revision) => Ok(Some(revision)),
+            Err(StoreFailure::Conflict) if tries > 1 => {
+                match self.landed(key, expected, value, patience).await? {
+                    Landed::At(revision) => Ok(Some(revision)),
+                    Landed::No => Ok(None),
+                }
+            }
             Err(StoreFailure::Conflict) => Ok(None),
             Err(failure) => Err(failure.into_error()),
         }
@@ -559,30 +578,11 @@ impl Inner {
         // fresh read.
         let mut cached = self.cache.take(id);
         let mut patience = self.patience();
-        // This call's writes that went unanswered or lost, with what each
-        // would have answered: one that landed after all (a timeout during a
-        // leader move) is this call's answer, never decided a second time.
-        let mut unanswered: Vec<(bytes::Bytes, Decision)> = Vec::new();
         for _ in 0..MAX_ATTEMPTS {
             let read = match cached.take() {
-                Some((revision, entry)) => Read::Live {
-                    revision,
-                    entry,
-                    value: None,
-                },
+                Some((revision, entry)) => Read::Live { revision, entry },
                 None => self.read(id, &key, &mut patience).await?,
             };
-            if let Read::Live {
-                value: Some(stored),
-                ..
-            } = &read
-            {
-                if let Some(mine) = unanswered.iter().position(|(tried, _)| tried == stored) {
-                    let (_, decision) = unanswered.swap_remove(mine);
-                    self.count(call, &decision);
-                    return Ok(decision);
-                }
-            }
             let stream_now = self.clock.now();
             let now = stream_now.unwrap_or_else(unix_millis);
             let read_revision = match &read {
@@ -617,13 +617,13 @@ impl Inner {
                 }
             };
             let nanos = Clock::unix_nanos();
-            let stamp = || Stamp {
+            let stamp = Stamp {
                 first_seq: 0,
                 unix_nanos: nanos,
                 new_response: mint(last_response, nanos),
             };
-            let decision = match decision::decide(&mut session, presence, id, call, now, stamp, 0) {
-                Ok(decision) => decision,
+            let decision = match decision::decide(&mut session, presence, id, call, now) {
+                Ok(decided) => decided.settle(stamp, 0),
                 // A refusal (not found, terminated, full) is an answer that
                 // writes nothing too.
                 Err(refusal) if self.confirmed(id, read_revision, &patience).await? => {
@@ -631,12 +631,8 @@ impl Inner {
                 }
                 Err(_) => continue,
             };
-            let last_response = match decision.reply {
-                Reply::Started {
-                    response,
-                    replayed: false,
-                    ..
-                } => response.get(),
+            let last_response = match (&decision.effect, decision.reply) {
+                (Effect::Changed { .. }, Outcome::Started { response, .. }) => response.get(),
                 _ => last_response,
             };
             let touch_due =
@@ -649,7 +645,10 @@ impl Inner {
                 continue;
             }
             let persisted = session.persisted();
-            let kinds = decision.change.kinds.to_vec();
+            let kinds = decision
+                .change()
+                .map(|change| change.kinds.to_vec())
+                .unwrap_or_default();
             let value = entry::encode(&persisted, last_response, &kinds, nanos);
             if let Some(revision) = self.write(&key, &value, expected, &mut patience).await? {
                 let written = entry::Entry {
@@ -667,7 +666,6 @@ impl Inner {
                 self.count(call, &decision);
                 return Ok(decision);
             }
-            unanswered.push((value, decision));
         }
         Err(CoordError::Contended(id.clone()))
     }
@@ -742,16 +740,9 @@ impl Inner {
                 Read::Absent { .. } => return Ok(()),
             };
             let now = self.now();
-            let nanos = Clock::unix_nanos();
-            let stamp = || Stamp {
-                first_seq: 0,
-                unix_nanos: nanos,
-                // A teardown starts nothing.
-                new_response: ResponseId::MIN,
-            };
             let mut session = Session::from_persisted(entry.persisted);
             session.remember_live_since(entry.unix_nanos);
-            match decision::decide_expiry(&mut session, id, now, self.ttls, stamp, 0) {
+            let ready = match decision::decide_expiry(&mut session, id, now, self.ttls) {
                 ExpiryDecision::NotDue { .. } => return Ok(()),
                 ExpiryDecision::Forget => {
                     if self.purge(&key, revision, &mut patience).await? {
@@ -759,24 +750,28 @@ impl Inner {
                         tracing::debug!(session_id = %id, "forgot terminated session");
                         return Ok(());
                     }
+                    continue;
                 }
-                ExpiryDecision::Expired { decision, .. } => {
-                    let value = entry::encode(
-                        &session.persisted(),
-                        entry.last_response,
-                        &decision.change.kinds,
-                        nanos,
-                    );
-                    if self
-                        .write(&key, &value, revision, &mut patience)
-                        .await?
-                        .is_some()
-                    {
-                        self.cache.take(id);
-                        self.count(&decision::EXPIRY, &decision);
-                        return Ok(());
-                    }
-                }
+                ExpiryDecision::Expire(ready) => ready,
+            };
+            let nanos = Clock::unix_nanos();
+            let stamp = Stamp {
+                first_seq: 0,
+                unix_nanos: nanos,
+                // A teardown starts nothing.
+                new_response: ResponseId::MIN,
+            };
+            let Expired { decision, .. } = ready.apply(stamp, 0);
+            let kinds = decision.change().map_or(&[][..], |change| &change.kinds);
+            let value = entry::encode(&session.persisted(), entry.last_response, kinds, nanos);
+            if self
+                .write(&key, &value, revision, &mut patience)
+                .await?
+                .is_some()
+            {
+                self.cache.take(id);
+                self.count(&decision::EXPIRY, &decision);
+                return Ok(());
             }
         }
         Err(CoordError::Contended(id.clone()))

@@ -13,10 +13,11 @@
 //! sequencing lock, which is what gives watch-all its total order.
 //!
 //! Expiry: each shard keeps a min-heap of (due time, session) with at most one
-//! live entry per session. A call only moves the session's `last_call`; the
-//! entry is looked at when it comes due and refiled if the session was used
-//! meanwhile. So a call costs no index work, and an idle coordinator wakes
-//! only when something is actually due, never to scan every session.
+//! live entry per session. A call only moves the time the session was last
+//! used (`Session::touch`); the entry is looked at when it comes due and
+//! refiled if the session was used meanwhile. So a call costs no index work,
+//! and an idle coordinator wakes only when something is actually due, never
+//! to scan every session.
 
 use std::{
     cmp::Reverse,
@@ -33,17 +34,17 @@ use crate::sync::{
     Mutex, MutexGuard,
 };
 use crate::{
-    decision::{self, Decision, Presence, Room, Stamp},
+    decision::{self, Decided, Decision, Presence, Room, Stamp},
     error::CoordError,
     events::{Append, EventLog, Feed, LogLimits},
     ids::{ResponseId, SessionId},
-    machine::{Phase, TeardownReason},
-    session::{Call, Millis, Session, SessionSnapshot, Ttls},
+    machine::{Call, Phase, TeardownReason},
+    session::{Millis, Session, SessionSnapshot, Ttls},
     stats::CoordStats,
 };
 pub use crate::{
     decision::{Changed, Started},
-    shared::{Clock, PageCursor, RegistryConfig},
+    shared::{Clock, CoordConfig, PageCursor, RegistryConfig},
 };
 
 /// Session ids are short strings hashed on every call, twice (shard, then
@@ -69,7 +70,7 @@ struct Inner {
     /// The seq numbering's starting point; also names this instance.
     base_seq: u64,
     log: Arc<EventLog>,
-    config: RegistryConfig,
+    config: CoordConfig,
     ttls: Ttls,
     clock: Clock,
     session_count: AtomicUsize,
@@ -85,7 +86,7 @@ pub struct Registry {
 }
 
 impl Registry {
-    pub fn new(config: RegistryConfig) -> Self {
+    pub fn new(config: CoordConfig) -> Self {
         // Seqs (and so response ids) start above the boot time in
         // nanoseconds: see `events` for why that survives restarts.
         let base_seq = u64::try_from(Clock::unix_nanos()).unwrap_or(0).max(1);
@@ -93,7 +94,7 @@ impl Registry {
     }
 
     /// As [`Registry::new`], with the seq numbering's starting point given.
-    pub fn with_base_seq(config: RegistryConfig, base_seq: u64) -> Self {
+    pub fn with_base_seq(config: CoordConfig, base_seq: u64) -> Self {
         let shards = config.shards.max(1);
         let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         Self {
@@ -121,7 +122,7 @@ impl Registry {
         }
     }
 
-    pub fn config(&self) -> &RegistryConfig {
+    pub fn config(&self) -> &CoordConfig {
         &self.inner.config
     }
 
@@ -236,12 +237,26 @@ impl Inner {
         }
     }
 
-    /// The stamp of a transition about to run: the log's next seq (which
-    /// doubles as the id of a response it starts: unique, increasing, never
-    /// reused), with the log's lock taken into `append` and held until the
-    /// events are published.
-    fn stamp<'a>(&'a self, append: &mut Option<Append<'a>>) -> Stamp {
-        let first_seq = append.insert(self.log.begin_append()).next_seq();
+    /// Applies a change `decide` handed back: its stamp is the log's next
+    /// seq (which doubles as the id of a response it starts: unique,
+    /// increasing, never reused), with the log's lock taken here and held,
+    /// in the `Append` returned, until the events are published. An answer
+    /// without a change takes no lock.
+    fn settle(&self, decided: Decided<'_>) -> (Decision, Option<Append<'_>>) {
+        match decided {
+            Decided::Answered(decision) => (decision, None),
+            Decided::Ready(ready) => {
+                let append = self.log.begin_append();
+                let stamp = Self::stamp(append.next_seq());
+                (
+                    ready.apply(stamp, self.config.session_history),
+                    Some(append),
+                )
+            }
+        }
+    }
+
+    fn stamp(first_seq: u64) -> Stamp {
         Stamp {
             first_seq,
             unix_nanos: Clock::unix_nanos(),
@@ -251,7 +266,7 @@ impl Inner {
     }
 
     /// Publishes a decision's events (under the shard lock, with the log's
-    /// lock the stamp took) and counts it.
+    /// lock `settle` took) and counts it.
     fn carry_out(
         watchers: Option<&Feed>,
         stats: &mut CoordStats,
@@ -260,19 +275,19 @@ impl Inner {
         call: &Call,
         decision: &Decision,
     ) {
-        if let Some(mut append) = append {
+        if let (Some(mut append), Some(change)) = (append, decision.change()) {
             let first_seq = append.next_seq();
-            let events = decision.change.events(id, |index| first_seq + index as u64);
+            let events = change.events(id, first_seq);
             append.publish(watchers, &events);
         }
         stats.record(call, decision);
     }
 
     /// The one path every gateway call that may change a session takes: the
-    /// shared decision (`decision::decide`) under the session's shard lock.
+    /// shared decision (`decision::decide`) under the session's shard lock,
+    /// then, for a change, the log's lock, the stamp and the change applied.
     fn call(&self, id: &SessionId, call: &Call) -> Result<Decision, CoordError> {
         let now = self.clock.now();
-        let history = self.config.session_history;
         let mut guard = self.shard(id);
         let Shard {
             sessions,
@@ -280,27 +295,28 @@ impl Inner {
             watchers,
             stats,
         } = &mut *guard;
-        let mut append = None;
-        let stamp = || self.stamp(&mut append);
         // One probe for the common case (the session exists).
-        let (session, decision) = match sessions.entry(id.clone()) {
+        let (session, (decision, append)) = match sessions.entry(id.clone()) {
             Entry::Occupied(entry) => {
                 let session = entry.into_mut();
-                let decision =
-                    decision::decide(session, Presence::Stored, id, call, now, stamp, history)?;
-                (session, decision)
+                let decided = decision::decide(session, Presence::Stored, id, call, now)?;
+                let settled = self.settle(decided);
+                (session, settled)
             }
             Entry::Vacant(entry) => {
                 let room = self.reserve_session();
                 let mut fresh = Session::new(now);
                 let presence = Presence::Absent { room };
-                match decision::decide(&mut fresh, presence, id, call, now, stamp, history) {
-                    Ok(decision) if decision.created => (entry.insert(fresh), decision),
-                    refused => {
+                match decision::decide(&mut fresh, presence, id, call, now) {
+                    Ok(decided) => {
+                        let settled = self.settle(decided);
+                        (entry.insert(fresh), settled)
+                    }
+                    Err(refused) => {
                         if room == Room::Available {
                             self.session_count.fetch_sub(1, Ordering::AcqRel);
                         }
-                        return refused;
+                        return Err(refused);
                     }
                 }
             }
@@ -314,10 +330,10 @@ impl Inner {
             &decision,
         );
         let newly_terminated =
-            decision.before != Phase::Terminated && decision.state.phase == Phase::Terminated;
+            decision.before != Some(Phase::Terminated) && decision.state.phase == Phase::Terminated;
         // A new tombstone's deadline may come before the live entry's (the
         // idle one), so it gets its own entry; the older one is then stale.
-        if decision.created || newly_terminated {
+        if decision.created() || newly_terminated {
             let deadline = session.next_deadline(self.ttls).saturating_add(1);
             self.file_expiry(expiry, session, id, deadline);
         }

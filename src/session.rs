@@ -1,21 +1,21 @@
 //! One session's record: the M3 phase plus what the coordinator keeps around
 //! it (revision counter, retained events, request-id replay window, idle and
 //! tombstone deadlines). Pure like the machine: time comes in as an argument,
-//! nothing here locks, awaits or reads a clock. The registry owns one of these
-//! per session under its shard's lock, which is what makes each session a
-//! single-writer actor.
+//! nothing here locks, awaits or reads a clock. The memory registry owns one
+//! of these per session under its shard's lock, which is what makes each
+//! session a single-writer actor; the NATS backend rebuilds one from the
+//! stored entry for each call and writes it back with compare-and-set.
 
 use std::collections::VecDeque;
 
 use history::{History, RetainedEvent};
 
+/// The call a session takes is the machine's (`machine::Call`).
+pub use crate::machine::Call;
 use crate::{
     event::{Change, LifecycleEvent, SharedEvent},
     ids::{RequestId, ResponseId, SessionId},
-    machine::{
-        self, ActiveResponse, EventKind, FinishStatus, Input, Outcome, Phase, Source,
-        TeardownReason,
-    },
+    machine::{self, ActiveResponse, EventKind, Outcome, Phase, Source},
 };
 
 mod history;
@@ -27,65 +27,6 @@ pub type Millis = u64;
 /// Request ids remembered per session for Start replay. The contract asks for
 /// at least 16; older ones are forgotten first.
 pub const REPLAY_WINDOW: usize = 16;
-
-/// A call as the registry hands it to a session (already validated).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Call {
-    Start {
-        source: Source,
-        request_id: Option<RequestId>,
-    },
-    Finish {
-        response: Option<ResponseId>,
-        status: FinishStatus,
-    },
-    Cancel {
-        only_if: Option<ResponseId>,
-        /// Who asked: recorded for the metrics (stops by source), never
-        /// part of the transition.
-        source: Source,
-    },
-    Teardown {
-        reason: TeardownReason,
-    },
-}
-
-impl Call {
-    /// Whether the call creates the session it names when there is none:
-    /// Start does, and Shutdown (a tombstone, so a later Start is refused).
-    pub fn creates(&self) -> bool {
-        matches!(
-            self,
-            Call::Start { .. }
-                | Call::Teardown {
-                    reason: TeardownReason::Shutdown
-                }
-        )
-    }
-
-    /// The call as logs name it.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Call::Start { .. } => "start",
-            Call::Finish { .. } => "finish",
-            Call::Cancel { .. } => "cancel",
-            Call::Teardown {
-                reason: TeardownReason::Shutdown,
-            } => "shutdown",
-            Call::Teardown {
-                reason: TeardownReason::Expired,
-            } => "expire",
-        }
-    }
-
-    /// A Start's idempotency key, if it carries one.
-    pub fn request_id(&self) -> Option<&RequestId> {
-        match self {
-            Call::Start { request_id, .. } => request_id.as_ref(),
-            _ => None,
-        }
-    }
-}
 
 /// What a Start with a known request id answered the first time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -103,9 +44,10 @@ pub struct SessionSnapshot {
     pub responses_started: u64,
 }
 
-/// What a transition stamps on its events and mints for a Start. The
-/// decision asks for it only when the call reaches the machine, so a backend
-/// whose stamp costs something (the memory log's lock) pays it only then.
+/// What a transition stamps on its events and mints for a Start. A backend
+/// makes it only for a change that `decision::decide` hands back ready to
+/// apply, so one whose stamp costs something (the memory log's lock) pays it
+/// only then.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stamp {
     /// The seq of the transition's first event (0 where the store assigns
@@ -129,18 +71,6 @@ pub struct Persisted {
     /// Oldest first, at most [`REPLAY_WINDOW`].
     pub replays: Vec<(RequestId, StartRecord)>,
     pub since: Millis,
-}
-
-/// When the registry's expiry index should next look at a session, and what
-/// it finds then.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpiryCheck {
-    /// Not due: look again at this time.
-    NotBefore(Millis),
-    /// Idle for the TTL: tear it down with reason EXPIRED.
-    Expire,
-    /// Terminated for the tombstone TTL: forget it.
-    Forget,
 }
 
 /// The two TTLs, in milliseconds.
@@ -294,11 +224,20 @@ impl Session {
             .map(|(_, record)| *record)
     }
 
+    /// The machine's outcome of `call` if it leaves the session as it was
+    /// (emits no event), else `None`. Told without the id a Start would
+    /// mint: the machine consumes it only when it accepts the start, which
+    /// always emits `started`, so a placeholder stands in for it here.
+    pub(crate) fn unchanged_by(&self, call: &Call) -> Option<Outcome> {
+        let transition = machine::transition(self.phase(), call, ResponseId::MIN);
+        transition.events.is_empty().then_some(transition.outcome)
+    }
+
     /// Runs one call through the machine and records its effects: the
     /// transition's outcome and the events it emitted (stamped with
     /// `stamp.unix_nanos`; retained here, up to `history_limit`, with seqs
     /// from `stamp.first_seq`). Used by `decision`, which decides everything
-    /// around it (presence, limit, replay).
+    /// around it (presence, limit, replay, no change).
     pub(crate) fn apply(
         &mut self,
         call: &Call,
@@ -311,19 +250,7 @@ impl Session {
             unix_nanos,
             new_response,
         } = stamp;
-        let input = match call {
-            Call::Start { source, .. } => Input::Start {
-                new_response,
-                source: *source,
-            },
-            Call::Finish { response, status } => Input::Finish {
-                response: *response,
-                status: *status,
-            },
-            Call::Cancel { only_if, .. } => Input::Cancel { only_if: *only_if },
-            Call::Teardown { reason } => Input::Teardown { reason: *reason },
-        };
-        let transition = machine::transition(self.phase(), input);
+        let transition = machine::transition(self.phase(), call, new_response);
         let change = Change {
             first_revision: self.revision + 1,
             unix_nanos,
@@ -456,18 +383,9 @@ impl Session {
         }
     }
 
-    /// What the expiry index should do with this session at `now`. Strictly
-    /// after the deadline, so a session never expires before its TTL even
-    /// with millisecond rounding.
-    pub fn expiry_check(&self, now: Millis, ttls: Ttls) -> ExpiryCheck {
-        let deadline = self.next_deadline(ttls);
-        if now <= deadline {
-            return ExpiryCheck::NotBefore(deadline.saturating_add(1));
-        }
-        match self.phase {
-            PhaseKind::Terminated => ExpiryCheck::Forget,
-            PhaseKind::Idle | PhaseKind::Active(_) => ExpiryCheck::Expire,
-        }
+    /// Whether the session is a tombstone.
+    pub fn is_terminated(&self) -> bool {
+        self.phase == PhaseKind::Terminated
     }
 }
 

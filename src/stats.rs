@@ -5,9 +5,8 @@
 //! path; a reader sums the shards ([`crate::registry::Registry::stats`]).
 
 use crate::{
-    decision::{Decision, Reply},
-    machine::{CancelReason, Ending, EventKind, Phase, Source, TeardownReason},
-    session::Call,
+    decision::{Decision, Effect},
+    machine::{Call, CancelReason, EventKind, Outcome, Phase, Source, TeardownReason, Terminal},
 };
 
 /// A state change of a session, named for dashboards.
@@ -52,14 +51,11 @@ impl TransitionKind {
         self as usize
     }
 
-    /// The kind of a call that emitted events; `None` if nothing changed.
-    fn of(call: &Call, decision: &Decision) -> Option<Self> {
-        if decision.change.is_empty() {
-            return None;
-        }
-        Some(match call {
-            Call::Start { .. } => match decision.reply {
-                Reply::Started {
+    /// The kind of a call that emitted events.
+    fn of(call: &Call, reply: &Outcome) -> Self {
+        match call {
+            Call::Start { .. } => match reply {
+                Outcome::Started {
                     superseded: Some(_),
                     ..
                 } => TransitionKind::Supersede,
@@ -73,7 +69,7 @@ impl TransitionKind {
             Call::Teardown {
                 reason: TeardownReason::Expired,
             } => TransitionKind::Expire,
-        })
+        }
     }
 }
 
@@ -100,11 +96,11 @@ pub const OUTCOMES: [&str; 6] = [
     "expired",
 ];
 
-fn outcome_index(ending: Ending) -> usize {
+fn outcome_index(ending: Terminal) -> usize {
     match ending {
-        Ending::Completed => 0,
-        Ending::Failed => 1,
-        Ending::Cancelled(reason) => 2 + stop_index(reason),
+        Terminal::Completed => 0,
+        Terminal::Failed => 1,
+        Terminal::Cancelled(reason) => 2 + stop_index(reason),
     }
 }
 
@@ -167,7 +163,7 @@ pub struct CoordStats {
     /// Responses ended since boot, indexed like [`OUTCOMES`].
     pub ended: [u64; 6],
     /// How long those responses ran in all, in nanoseconds, where their
-    /// start was known ([`Decision::live_since`]); indexed like [`OUTCOMES`].
+    /// start was known (`Effect::Changed`'s `live_since`); indexed like [`OUTCOMES`].
     pub ended_nanos: [u64; 6],
     /// Responses stopped since boot, by [`STOP_REASONS`] and [`STOPPERS`].
     pub stopped: [[u64; 4]; 4],
@@ -189,39 +185,38 @@ impl CoordStats {
     }
 
     /// Counts what a decided (and carried out) `call` did: a created record
-    /// (records start idle), a replay, a phase change, a transition and its
-    /// events. The one place both backends count calls and expiries.
+    /// or a phase change, a replay, a transition and its events. The one
+    /// place both backends count calls and expiries.
     pub(crate) fn record(&mut self, call: &Call, decision: &Decision) {
-        if decision.created {
-            self.sessions.idle += 1;
-        }
-        if decision.replayed() {
-            self.replays += 1;
-        }
-        let before = if decision.created {
-            Phase::Idle
-        } else {
-            decision.before
-        };
         let after = decision.state.phase;
-        if std::mem::discriminant(&before) != std::mem::discriminant(&after) {
-            let old = self.sessions.slot(before);
-            *old = old.saturating_sub(1);
-            *self.sessions.slot(after) += 1;
+        match decision.before {
+            None => *self.sessions.slot(after) += 1,
+            Some(before) if std::mem::discriminant(&before) != std::mem::discriminant(&after) => {
+                let old = self.sessions.slot(before);
+                *old = old.saturating_sub(1);
+                *self.sessions.slot(after) += 1;
+            }
+            Some(_) => {}
         }
-        if let Some(kind) = TransitionKind::of(call, decision) {
-            self.transitions[kind.index()] += 1;
-        }
-        for kind in &decision.change.kinds {
+        let (change, live_since) = match &decision.effect {
+            Effect::Replayed => {
+                self.replays += 1;
+                return;
+            }
+            Effect::Unchanged => return,
+            Effect::Changed { change, live_since } => (change, *live_since),
+        };
+        self.transitions[TransitionKind::of(call, &decision.reply).index()] += 1;
+        for kind in &change.kinds {
             self.events[event_index(kind)] += 1;
             if let EventKind::Ended { ending, .. } = kind {
                 let outcome = outcome_index(*ending);
                 self.ended[outcome] += 1;
-                if let Some(since) = decision.live_since {
-                    let ran = decision.change.unix_nanos.saturating_sub(since);
+                if let Some(since) = live_since {
+                    let ran = change.unix_nanos.saturating_sub(since);
                     self.ended_nanos[outcome] += u64::try_from(ran).unwrap_or(0);
                 }
-                if let Ending::Cancelled(reason) = ending {
+                if let Terminal::Cancelled(reason) = ending {
                     self.stopped[stop_index(*reason)][stopper_index(call)] += 1;
                 }
             }
@@ -285,14 +280,15 @@ mod tests {
             } else {
                 Presence::Stored
             };
-            let stamp = || Stamp {
+            let stamp = Stamp {
                 first_seq: 1 + 10 * n as u64,
                 unix_nanos: t * SECOND,
                 new_response: ResponseId::new(1 + n as u64).unwrap(),
             };
-            let decision = decide(&mut session, presence, &id, call, 0, stamp, history).unwrap();
-            if !decision.change.is_empty() {
-                last_change = decision.change.unix_nanos;
+            let decided = decide(&mut session, presence, &id, call, 0).unwrap();
+            let decision = decided.settle(stamp, history);
+            if let Some(change) = decision.change() {
+                last_change = change.unix_nanos;
             }
             stats.record(call, &decision);
         }
@@ -386,7 +382,7 @@ mod tests {
         let mut session = Session::new(0);
         let mut stats = CoordStats::default();
         for (n, (t, call)) in calls.iter().enumerate() {
-            let stamp = || Stamp {
+            let stamp = Stamp {
                 first_seq: 1,
                 unix_nanos: t * SECOND,
                 new_response: ResponseId::new(1).unwrap(),
@@ -398,7 +394,8 @@ mod tests {
             } else {
                 Presence::Stored
             };
-            let decision = decide(&mut session, presence, &id, call, 0, stamp, 0).unwrap();
+            let decided = decide(&mut session, presence, &id, call, 0).unwrap();
+            let decision = decided.settle(stamp, 0);
             stats.record(call, &decision);
         }
         assert_eq!(stats.ended[1], 1);

@@ -26,7 +26,7 @@ use respcoord::{
     auth::{Authenticator, Tokens},
     grpc::{CoordinatorService, WatchSettings},
     proto::v1::{self as pb, response_coordinator_server::ResponseCoordinatorServer, Source},
-    registry::{Registry, RegistryConfig},
+    registry::{CoordConfig, Registry},
     server::{Pem, ServerConfig, TlsConfig},
 };
 use respcoord_client::{
@@ -183,7 +183,7 @@ impl Coordinator {
             .expect("bind");
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
-        let registry = Registry::new(RegistryConfig::default());
+        let registry = Registry::new(CoordConfig::default());
         let counting = Counting::new(CoordinatorService::new(
             registry.into(),
             WatchSettings::default(),

@@ -437,7 +437,7 @@ async fn at_least_sixteen_request_ids_are_remembered() {
 
 #[tokio::test]
 async fn session_limit_is_resource_exhausted() {
-    let config = respcoord::registry::RegistryConfig {
+    let config = respcoord::registry::CoordConfig {
         max_sessions: 2,
         ..Default::default()
     };

@@ -9,6 +9,12 @@
 //! - Model 3 (`legacy`): the legacy dual-writer start, deliberately broken;
 //!   the checker must find its double start. Likewise, coordinators with a
 //!   deliberate bug must break the distributed property about that bug.
+//! - Model 4 (`nats_path`): the NATS backend's call path: replicas with
+//!   caches over a key-value store with compare-and-set and stale reads,
+//!   answers with and without a write, retries, lost acknowledgements; and
+//!   replicas with a deliberate bug in that path, each of which must break
+//!   a property (among them the path before its fix for a lost
+//!   acknowledgement under a later write, which the checker found).
 //!
 //! Every check is a full breadth-first search (single-threaded, so counts
 //! are deterministic). Run with `cargo test --test model_check -- --nocapture`
@@ -30,6 +36,8 @@ mod distributed;
 mod ledger;
 #[path = "model_check/legacy.rs"]
 mod legacy;
+#[path = "model_check/nats_path.rs"]
+mod nats_path;
 #[path = "model_check/session_model.rs"]
 mod session_model;
 
@@ -294,4 +302,139 @@ fn legacy_dual_writer_race_is_found() {
     ] {
         shortest_counterexample("legacy serial start", legacy::LegacyModel, property);
     }
+}
+
+#[test]
+fn nats_path_two_starts_and_a_fenced_cancel() {
+    check_exhaustively(
+        "nats path: replica 0 Start + Cancel(if 1), replica 1 Start",
+        nats_path::supersede_and_fenced_cancel(nats_path::Mutation::None),
+    );
+}
+
+#[test]
+fn nats_path_finish_and_shutdown() {
+    check_exhaustively(
+        "nats path: replica 0 Start + Finish(1), replica 1 Shutdown",
+        nats_path::finish_and_shutdown(nats_path::Mutation::None),
+    );
+}
+
+#[test]
+fn nats_path_a_start_retried_on_the_other_replica() {
+    check_exhaustively(
+        "nats path: replica 0 Start(req 1) + Finish(1), replica 1 Start(req 1) + Cancel",
+        nats_path::retried_start(nats_path::Mutation::None),
+    );
+}
+
+#[test]
+fn nats_path_three_replicas() {
+    check_exhaustively(
+        "nats path: replica 0 Start + Cancel(if 1), replica 1 Start + Finish(2), replica 2 Shutdown",
+        nats_path::three_replicas(nats_path::Mutation::None),
+    );
+}
+
+#[test]
+fn nats_path_lost_acknowledgements_reread_first() {
+    check_exhaustively(
+        "nats path: replica 0 Start + Cancel, replica 1 Start + Finish(2), acks lost (re-read before others write)",
+        nats_path::lost_acks(nats_path::Acks::LostRereadFirst, nats_path::Mutation::None),
+    );
+}
+
+/// The NATS call path with one of its safeguards taken out: the checker
+/// must find a counterexample to each property listed against it.
+#[test]
+fn nats_path_mutations_are_caught() {
+    use nats_path::Mutation::{CasOff, SkipConfirmation, TrustCache};
+    type Scenario = fn(nats_path::Mutation) -> nats_path::NatsPath;
+    let supersede: (&str, Scenario) = (
+        "Start + Cancel(if 1) / Start",
+        nats_path::supersede_and_fenced_cancel,
+    );
+    let shutdown: (&str, Scenario) = (
+        "Start + Finish(1) / Shutdown",
+        nats_path::finish_and_shutdown,
+    );
+    let retried: (&str, Scenario) = (
+        "Start(req 1) + Finish(1) / Start(req 1) + Cancel",
+        nats_path::retried_start,
+    );
+    let cases = [
+        (SkipConfirmation, supersede, "every answer is linearizable"),
+        (SkipConfirmation, shutdown, "every answer is linearizable"),
+        (SkipConfirmation, retried, "every answer is linearizable"),
+        (TrustCache, supersede, "nothing acknowledged is lost"),
+        (TrustCache, supersede, "every answer is linearizable"),
+        (
+            TrustCache,
+            supersede,
+            "every started response gets exactly one terminal",
+        ),
+        (TrustCache, shutdown, "at most one live response"),
+        (CasOff, supersede, "nothing acknowledged is lost"),
+        (CasOff, supersede, "every answer is linearizable"),
+        (CasOff, supersede, "at most one live response"),
+        (CasOff, shutdown, "nothing starts after terminated"),
+    ];
+    for (mutation, (scenario, model), property) in cases {
+        shortest_counterexample(
+            &format!("nats path mutant {mutation:?} ({scenario})"),
+            model(mutation),
+            property,
+        );
+    }
+}
+
+/// Lost acknowledgements with other replicas writing before the call tries
+/// again: the case the model found wrong in `Inner::call`, which recognised
+/// its own unacknowledged write only while it was still the key's latest
+/// entry. Fixed (`nats/landed.rs`): the retry's conflict is checked against
+/// the successor of the revision the write expected, and the model passes.
+/// The call path before the fix (`OwnWriteOnlyIfLatest`) must still be
+/// caught: an unfenced Cancel cancels a second response (the one started
+/// after its own write), or, with nothing left to cancel, answers
+/// "cancelled nothing" though its write cancelled one.
+#[test]
+fn nats_path_a_lost_acknowledgement_under_a_later_write_is_not_applied_again() {
+    check_exhaustively(
+        "nats path: replica 0 Start + Cancel, replica 1 Start + Finish(2), acks lost (others write before the retry)",
+        nats_path::lost_acks(nats_path::Acks::Lost, nats_path::Mutation::None),
+    );
+
+    let mutant = "nats path mutant OwnWriteOnlyIfLatest (acks lost, others write before the retry)";
+    let path = shortest_counterexample(
+        mutant,
+        nats_path::lost_acks(
+            nats_path::Acks::Lost,
+            nats_path::Mutation::OwnWriteOnlyIfLatest,
+        ),
+        "a call takes effect at most once",
+    );
+    let writers: Vec<(u8, u8)> = path
+        .last_state()
+        .store
+        .iter()
+        .map(|version| version.writer)
+        .collect();
+    println!("  => writers of revisions 1, 2, ...: {writers:?}");
+    // Replica 0's Cancel (its call 1) wrote twice, around replica 1's Start.
+    assert_eq!(writers, [(0, 0), (0, 1), (1, 0), (0, 1)]);
+
+    let path = shortest_counterexample(
+        mutant,
+        nats_path::lost_acks(
+            nats_path::Acks::Lost,
+            nats_path::Mutation::OwnWriteOnlyIfLatest,
+        ),
+        "every answer is linearizable",
+    );
+    // The Cancel's answer came from a quorum point after the Finish, not
+    // from its own landed write.
+    assert_eq!(
+        path.into_actions().last(),
+        Some(&nats_path::Action::Confirm(0))
+    );
 }

@@ -47,7 +47,7 @@ use common::*;
 use respcoord::{
     nats::{NatsCoordinator, NatsSettings},
     proto::v1 as pb,
-    registry::RegistryConfig,
+    registry::CoordConfig,
     server::ServerConfig,
 };
 use tonic::{Code, Status};
@@ -197,7 +197,7 @@ fn settings(url: String, bucket: &str) -> NatsSettings {
 async fn connect_when_ready(settings: &NatsSettings) -> Option<NatsCoordinator> {
     let deadline = Instant::now() + CLUSTER_READY;
     loop {
-        match NatsCoordinator::connect(settings, RegistryConfig::default()).await {
+        match NatsCoordinator::connect(settings, CoordConfig::default()).await {
             Ok(coordinator) => return Some(coordinator),
             Err(error) if Instant::now() < deadline => {
                 tracing::debug!(%error, "cluster not ready yet");
@@ -813,7 +813,7 @@ async fn a_nats_node_dies_mid_load_and_nothing_acknowledged_is_lost() {
     }
     let began = Instant::now();
     let (mut cluster, bucket, url, a) = ready_cluster().await;
-    let b = NatsCoordinator::connect(&settings(url.clone(), &bucket), RegistryConfig::default())
+    let b = NatsCoordinator::connect(&settings(url.clone(), &bucket), CoordConfig::default())
         .await
         .unwrap_or_else(|e| panic!("replica B: {e}"));
     let leader_name = stream_leader(&url, &bucket).await;
@@ -1118,12 +1118,9 @@ async fn calls_that_lose_a_compare_and_set_on_a_replicated_bucket_are_decided_ag
         return;
     }
     let (cluster, bucket, _, a) = ready_cluster().await;
-    let b = NatsCoordinator::connect(
-        &settings(cluster.url(1), &bucket),
-        RegistryConfig::default(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("replica B: {e}"));
+    let b = NatsCoordinator::connect(&settings(cluster.url(1), &bucket), CoordConfig::default())
+        .await
+        .unwrap_or_else(|e| panic!("replica B: {e}"));
     let racers: Vec<_> = (0..2 * RACERS_PER_REPLICA)
         .map(|i| {
             let replica = if i % 2 == 0 { a.clone() } else { b.clone() };

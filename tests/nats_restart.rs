@@ -16,7 +16,7 @@ use std::{
 
 use common::*;
 use respcoord::{
-    nats::NatsCoordinator, proto::v1 as pb, registry::RegistryConfig, server::ServerConfig,
+    nats::NatsCoordinator, proto::v1 as pb, registry::CoordConfig, server::ServerConfig,
 };
 use tonic::Code;
 
@@ -86,7 +86,7 @@ async fn the_follower_resumes_across_a_nats_server_restart() {
     };
     nats.start();
 
-    let registry = RegistryConfig::default();
+    let registry = CoordConfig::default();
     let mut settings = test_nats_settings(&fresh_bucket(), &registry);
     settings.url = format!("nats://127.0.0.1:{port}");
     settings.memory_storage = false; // the bucket must survive the restart

@@ -34,7 +34,7 @@ use respcoord::{
     machine::{FinishStatus, Source},
     nats::{NatsCoordinator, NatsError, NatsSecurity, NatsSettings, Secret},
     proto::v1 as pb,
-    registry::RegistryConfig,
+    registry::CoordConfig,
 };
 use serde_json::json;
 
@@ -159,7 +159,7 @@ async fn connect(url: String, security: NatsSecurity) -> Result<NatsCoordinator,
         security,
         ..NatsSettings::default()
     };
-    NatsCoordinator::connect(&settings, RegistryConfig::default()).await
+    NatsCoordinator::connect(&settings, CoordConfig::default()).await
 }
 
 /// A replica connected with `security` starts a response and finishes it:
@@ -635,7 +635,7 @@ async fn a_replica_serves_with_only_the_documented_nats_permissions() {
         security: password(USER, PASSWORD),
         ..NatsSettings::default()
     };
-    let coordinator = NatsCoordinator::connect(&settings, RegistryConfig::default())
+    let coordinator = NatsCoordinator::connect(&settings, CoordConfig::default())
         .await
         .unwrap_or_else(|e| panic!("connect: {e}\nnats-server log:\n{}", nats.log()));
     let id = SessionId::parse("least-privilege").expect("a session id");
@@ -703,7 +703,7 @@ async fn a_replica_serves_with_only_the_documented_nats_permissions() {
         ..settings
     };
     assert!(
-        NatsCoordinator::connect(&elsewhere, RegistryConfig::default())
+        NatsCoordinator::connect(&elsewhere, CoordConfig::default())
             .await
             .is_err(),
         "a bucket the user has no permissions on was opened"

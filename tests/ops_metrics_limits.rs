@@ -15,7 +15,7 @@ use respcoord::{
     machine::{FinishStatus, Source},
     nats::NatsCoordinator,
     proto::v1 as pb,
-    registry::{Registry, RegistryConfig},
+    registry::{CoordConfig, Registry},
     server::{Limits, ServerConfig},
 };
 use tonic::{codegen::Bytes, Code};
@@ -40,7 +40,7 @@ fn value(scrape: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 #[tokio::test]
 async fn metrics_scrape_has_every_series_after_traffic() {
     let server = TestServer::with_config(ServerConfig {
-        registry: RegistryConfig {
+        registry: CoordConfig {
             idle_ttl: Duration::from_millis(200),
             watch_all_buffer: 8,
             ..Default::default()
@@ -287,7 +287,7 @@ async fn the_nats_backend_counts_conflicts_store_requests_connection_and_lease()
     }
     // A short tombstone TTL, so the expirer soon forgets a shut-down
     // session (a purge) and holds the lease meanwhile.
-    let registry = RegistryConfig {
+    let registry = CoordConfig {
         tombstone_ttl: Duration::from_millis(300),
         ..Default::default()
     };
@@ -508,7 +508,7 @@ async fn grpc_timeout_ends_a_stuck_call_and_frees_its_slot() {
 #[tokio::test]
 async fn the_watcher_limit_is_resource_exhausted() {
     let server = TestServer::with(
-        RegistryConfig::default(),
+        CoordConfig::default(),
         WatchSettings {
             max_watchers: 2,
             ..Default::default()

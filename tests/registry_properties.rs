@@ -28,8 +28,8 @@ use respcoord::{
     error::CoordError,
     events::{Delivery, SharedEvent, Subscription},
     ids::{RequestId, ResponseId, SessionId},
-    machine::{self, CancelReason, Ending, EventKind, FinishStatus, TeardownReason},
-    registry::{Registry, RegistryConfig},
+    machine::{self, CancelReason, EventKind, FinishStatus, TeardownReason, Terminal},
+    registry::{CoordConfig, Registry},
     session::SessionSnapshot,
 };
 
@@ -471,9 +471,9 @@ fn event_of(kind: &EventKind) -> REvent {
         EventKind::Ended { response, ending } => REvent::Ended(
             response.get(),
             match ending {
-                Ending::Completed => REnd::Completed,
-                Ending::Failed => REnd::Failed,
-                Ending::Cancelled(reason) => REnd::Cancelled(why_of(reason)),
+                Terminal::Completed => REnd::Completed,
+                Terminal::Failed => REnd::Failed,
+                Terminal::Cancelled(reason) => REnd::Cancelled(why_of(reason)),
             },
         ),
         EventKind::Terminated { reason } => REvent::Terminated(match reason {
@@ -572,10 +572,10 @@ fn index_of(session: &SessionId) -> usize {
 // The property
 
 fn check(ops: &[Op], shards: usize, max_sessions: usize) -> Result<(), TestCaseError> {
-    let registry = Registry::new(RegistryConfig {
+    let registry = Registry::new(CoordConfig {
         shards,
         max_sessions,
-        ..RegistryConfig::default()
+        ..CoordConfig::default()
     });
     let base = registry.published_seq();
     let mut live_all = registry.watch_all(None).expect("watch all");

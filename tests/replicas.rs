@@ -20,14 +20,14 @@ use respcoord::{
     grpc::WatchSettings,
     nats::NatsCoordinator,
     proto::v1::{self as pb, lifecycle_event::Kind},
-    registry::RegistryConfig,
+    registry::CoordConfig,
     server::ServerConfig,
 };
 use respcoord_client::RetryPolicy;
 use tonic::Code;
 
 /// `n` replicas serving one fresh bucket.
-async fn replicas(n: usize, registry: RegistryConfig) -> Vec<TestServer> {
+async fn replicas(n: usize, registry: CoordConfig) -> Vec<TestServer> {
     let bucket = fresh_bucket();
     let mut servers = Vec::with_capacity(n);
     for _ in 0..n {
@@ -53,7 +53,7 @@ async fn every_replica_sees_every_replicas_events_with_the_same_revisions_and_se
     if !nats_available() {
         return;
     }
-    let servers = replicas(2, RegistryConfig::default()).await;
+    let servers = replicas(2, CoordConfig::default()).await;
     let (mut a, mut b) = (servers[0].client().await, servers[1].client().await);
     let mut on_a = watch_session(&mut a, "s", None).await;
     let mut all_on_b = watch_all(&mut b, None).await;
@@ -88,7 +88,7 @@ async fn request_id_replay_and_fencing_hold_across_replicas() {
     if !nats_available() {
         return;
     }
-    let servers = replicas(2, RegistryConfig::default()).await;
+    let servers = replicas(2, CoordConfig::default()).await;
     let (mut a, mut b) = (servers[0].client().await, servers[1].client().await);
     let request = start_req("r", pb::Source::Client, "req-1");
     let first = a.start(request.clone()).await.expect("start").into_inner();
@@ -120,7 +120,7 @@ async fn listing_pages_continue_on_any_replica_and_see_own_writes() {
     if !nats_available() {
         return;
     }
-    let servers = replicas(2, RegistryConfig::default()).await;
+    let servers = replicas(2, CoordConfig::default()).await;
     let (mut a, mut b) = (servers[0].client().await, servers[1].client().await);
     let ids: Vec<String> = (0..5).map(|i| format!("list-{i}")).collect();
     for id in &ids {
@@ -154,10 +154,10 @@ async fn expiry_happens_once_across_replicas_then_the_tombstone_is_forgotten() {
     if !nats_available() {
         return;
     }
-    let registry = RegistryConfig {
+    let registry = CoordConfig {
         idle_ttl: Duration::from_millis(400),
         tombstone_ttl: Duration::from_millis(400),
-        ..RegistryConfig::default()
+        ..CoordConfig::default()
     };
     let servers = replicas(3, registry).await;
     let mut a = servers[0].client().await;
@@ -286,7 +286,7 @@ async fn killing_a_replica_mid_load_loses_nothing_acknowledged() {
     if !nats_available() {
         return;
     }
-    let mut servers = replicas(3, RegistryConfig::default()).await;
+    let mut servers = replicas(3, CoordConfig::default()).await;
     let endpoints: Vec<String> = servers.iter().map(TestServer::endpoint).collect();
     let mut observer = servers[2].client().await;
     let mut recording = watch_all(&mut observer, Some(0)).await;

@@ -35,8 +35,8 @@ use respcoord::{
     error::CoordError,
     events::{Delivery, SharedEvent, Subscription},
     ids::{RequestId, ResponseId, SessionId},
-    machine::{CancelReason, Ending, EventKind, FinishStatus, Phase, Source, TeardownReason},
-    registry::{Page, Registry, RegistryConfig},
+    machine::{CancelReason, EventKind, FinishStatus, Phase, Source, TeardownReason, Terminal},
+    registry::{CoordConfig, Page, Registry},
     session::SessionSnapshot,
 };
 use shuttle::thread;
@@ -49,9 +49,9 @@ fn iterations() -> usize {
 }
 
 fn registry() -> Registry {
-    Registry::new(RegistryConfig {
+    Registry::new(CoordConfig {
         shards: 2,
-        ..RegistryConfig::default()
+        ..CoordConfig::default()
     })
 }
 
@@ -316,7 +316,7 @@ fn check_log(log: &[SharedEvent], base_seq: u64) -> BTreeMap<String, SessionLog>
             }
             EventKind::Ended { response, ending } => {
                 assert_eq!(live, Some(response), "end of a response not live");
-                if let Ending::Cancelled(reason) = ending {
+                if let Terminal::Cancelled(reason) = ending {
                     assert_eq!(
                         session.events.last().copied().flatten(),
                         Some(EventKind::CancelRequested { response, reason }),
@@ -421,7 +421,7 @@ fn check_replies(threads: &[Vec<Record>], sessions: &BTreeMap<String, SessionLog
                                 event_at(sessions, record.session, r - 1),
                                 EventKind::Ended {
                                     response: old,
-                                    ending: Ending::Cancelled(CancelReason::Superseded)
+                                    ending: Terminal::Cancelled(CancelReason::Superseded)
                                 }
                             );
                             assert_eq!(before(3).active().map(|a| a.id), Some(old));
@@ -450,7 +450,7 @@ fn check_replies(threads: &[Vec<Record>], sessions: &BTreeMap<String, SessionLog
                         event_at(sessions, record.session, r),
                         EventKind::Ended {
                             response,
-                            ending: Ending::Completed
+                            ending: Terminal::Completed
                         }
                     );
                     assert_eq!(before(1).active().map(|a| a.id), Some(response));
@@ -467,7 +467,7 @@ fn check_replies(threads: &[Vec<Record>], sessions: &BTreeMap<String, SessionLog
                         event_at(sessions, record.session, r),
                         EventKind::Ended {
                             response: id,
-                            ending: Ending::Cancelled(CancelReason::Requested)
+                            ending: Terminal::Cancelled(CancelReason::Requested)
                         }
                     );
                     assert_eq!(before(2).active().map(|a| a.id), Some(id));
@@ -497,7 +497,7 @@ fn check_replies(threads: &[Vec<Record>], sessions: &BTreeMap<String, SessionLog
                             event_at(sessions, record.session, r - 1),
                             EventKind::Ended {
                                 response: id,
-                                ending: Ending::Cancelled(CancelReason::Shutdown)
+                                ending: Terminal::Cancelled(CancelReason::Shutdown)
                             }
                         );
                     }

@@ -12,7 +12,7 @@ use common::{http_get, sample, TestServer, PATIENCE};
 use respcoord::{
     auth::Tokens,
     proto::v1::{self as pb},
-    registry::RegistryConfig,
+    registry::CoordConfig,
     server::ServerConfig,
 };
 use serde_json::Value;
@@ -24,7 +24,7 @@ use tokio::{
 const TENANT_A: &str = "token-for-tenant-a-0001";
 const ADMIN: &str = "token-for-the-operator-01";
 
-async fn web_server(registry: RegistryConfig, auth: Option<Tokens>) -> TestServer {
+async fn web_server(registry: CoordConfig, auth: Option<Tokens>) -> TestServer {
     TestServer::with_config(ServerConfig {
         registry,
         auth,
@@ -185,7 +185,7 @@ async fn start(client: &mut common::Client, session: &str, source: pb::Source) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_page_gets_its_snapshot_then_each_change_live() {
-    let server = web_server(RegistryConfig::default(), None).await;
+    let server = web_server(CoordConfig::default(), None).await;
     let web = server.metrics_addr;
     let mut client = server.client().await;
     let session = unique("call");
@@ -269,9 +269,9 @@ async fn a_session_page_gets_its_snapshot_then_each_change_live() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_feed_resumes_after_the_last_revision_it_saw() {
-    let registry = RegistryConfig {
+    let registry = CoordConfig {
         session_history: 6,
-        ..RegistryConfig::default()
+        ..CoordConfig::default()
     };
     let server = web_server(registry, None).await;
     let web = server.metrics_addr;
@@ -319,7 +319,7 @@ async fn a_feed_resumes_after_the_last_revision_it_saw() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sessions_page_lists_by_prefix_and_follows_changes() {
-    let server = web_server(RegistryConfig::default(), None).await;
+    let server = web_server(CoordConfig::default(), None).await;
     let web = server.metrics_addr;
     let mut client = server.client().await;
     let prefix = unique("tenant");
@@ -386,7 +386,7 @@ async fn the_sessions_page_lists_by_prefix_and_follows_changes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_and_their_scopes_hold_on_the_web_view_too() {
     let tokens = Tokens::parse(&format!("{TENANT_A} tenant-a/\n{ADMIN} *\n")).unwrap();
-    let server = web_server(RegistryConfig::default(), Some(tokens)).await;
+    let server = web_server(CoordConfig::default(), Some(tokens)).await;
     let web = server.metrics_addr;
     let channel = server.channel().await;
     let admin: tonic::metadata::MetadataValue<_> = format!("Bearer {ADMIN}").parse().unwrap();
@@ -477,9 +477,9 @@ async fn tokens_and_their_scopes_hold_on_the_web_view_too() {
 /// RESOURCE_EXHAUSTED of the watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_too_slow_for_its_session_is_dropped_without_slowing_calls() {
-    let registry = RegistryConfig {
+    let registry = CoordConfig {
         session_watch_buffer: 8,
-        ..RegistryConfig::default()
+        ..CoordConfig::default()
     };
     let server = web_server(registry, None).await;
     let web = server.metrics_addr;

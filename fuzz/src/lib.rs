@@ -24,7 +24,7 @@ use respcoord::{
     ids::{RequestId, SessionId},
     machine::{FinishStatus, Source},
     proto::v1::{self as pb, response_coordinator_server::ResponseCoordinator},
-    registry::{Registry, RegistryConfig},
+    registry::{CoordConfig, Registry},
     session::SessionSnapshot,
 };
 use tokio_util::sync::CancellationToken;
@@ -73,10 +73,10 @@ impl World {
     /// The prepared state. `at_limit` makes the session limit equal to the
     /// number of prepared sessions.
     fn new(at_limit: bool) -> Self {
-        let config = RegistryConfig {
+        let config = CoordConfig {
             shards: 4,
             max_sessions: KNOWN.len() + usize::from(!at_limit),
-            ..RegistryConfig::default()
+            ..CoordConfig::default()
         };
         let registry = Registry::with_base_seq(config, BASE_SEQ);
         let id = |s: &str| SessionId::parse(s).expect("valid");
@@ -517,9 +517,9 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
     };
     let token = {
         let registry = Registry::with_base_seq(
-            RegistryConfig {
+            CoordConfig {
                 shards: 4,
-                ..RegistryConfig::default()
+                ..CoordConfig::default()
             },
             BASE_SEQ,
         );

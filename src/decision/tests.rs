@@ -1,7 +1,7 @@
 use super::*;
 use crate::{
     ids::RequestId,
-    machine::{CancelReason, Ending, EventKind, FinishStatus, Source},
+    machine::{CancelReason, EventKind, FinishStatus, Source, Terminal},
 };
 
 const TTLS: Ttls = Ttls {
@@ -20,8 +20,8 @@ fn start(request_id: Option<&str>) -> Call {
     }
 }
 
-fn stamp(first_seq: u64) -> impl FnOnce() -> Stamp {
-    move || Stamp {
+fn stamp(first_seq: u64) -> Stamp {
+    Stamp {
         first_seq,
         unix_nanos: 7,
         new_response: ResponseId::new(first_seq).unwrap(),
@@ -30,16 +30,9 @@ fn stamp(first_seq: u64) -> impl FnOnce() -> Stamp {
 
 /// Decides `call` on a stored `session` with response ids from `first_seq`.
 fn on(session: &mut Session, call: &Call, first_seq: u64, history: usize) -> Decision {
-    decide(
-        session,
-        Presence::Stored,
-        &sid(),
-        call,
-        0,
-        stamp(first_seq),
-        history,
-    )
-    .unwrap()
+    decide(session, Presence::Stored, &sid(), call, 0)
+        .unwrap()
+        .settle(stamp(first_seq), history)
 }
 
 #[test]
@@ -71,13 +64,15 @@ fn absent_sessions_are_created_only_by_start_and_shutdown_and_only_with_room() {
         ),
         (EXPIRY, false),
     ];
+    let id = sid();
     for (call, creates) in calls {
         let mut fresh = Session::new(0);
-        let decided = decide(&mut fresh, absent, &sid(), &call, 0, stamp(10), 0);
+        let decided = decide(&mut fresh, absent, &id, &call, 0);
         match decided {
-            Ok(decision) => {
+            Ok(decided) => {
+                let decision = decided.settle(stamp(10), 0);
                 assert!(creates, "{call:?} must not create");
-                assert!(decision.created && decision.changed());
+                assert!(decision.created() && decision.changed());
             }
             Err(error) => {
                 assert!(!creates, "{call:?} must create");
@@ -87,7 +82,8 @@ fn absent_sessions_are_created_only_by_start_and_shutdown_and_only_with_room() {
         let full = Presence::Absent {
             room: Room::Full { max: 3 },
         };
-        let refused = decide(&mut Session::new(0), full, &sid(), &call, 0, stamp(10), 0);
+        let mut fresh = Session::new(0);
+        let refused = decide(&mut fresh, full, &id, &call, 0);
         let expected = if creates { "limit" } else { "not found" };
         match refused {
             Err(CoordError::SessionLimit { max: 3 }) => assert_eq!(expected, "limit"),
@@ -102,39 +98,29 @@ fn the_stamp_is_taken_only_when_the_machine_runs() {
     let mut session = Session::new(0);
     let call = start(Some("once"));
     on(&mut session, &call, 10, 0);
-    let replay = decide(
-        &mut session,
-        Presence::Stored,
-        &sid(),
-        &call,
-        0,
-        || panic!("a replay needs no stamp"),
-        0,
-    )
-    .unwrap();
+    let id = sid();
+    let Ok(Decided::Answered(replay)) = decide(&mut session, Presence::Stored, &id, &call, 0)
+    else {
+        panic!("a replay needs no stamp");
+    };
     assert!(replay.replayed() && !replay.changed());
     assert_eq!(
         replay.reply,
-        Reply::Started {
+        Outcome::Started {
             response: ResponseId::new(10).unwrap(),
             superseded: None,
-            replayed: true
         }
     );
-    let missing = decide(
-        &mut Session::new(0),
-        Presence::Absent {
-            room: Room::Available,
-        },
-        &sid(),
-        &Call::Cancel {
-            only_if: None,
-            source: Source::Client,
-        },
-        0,
-        || panic!("NOT_FOUND needs no stamp"),
-        0,
-    );
+    let cancel = Call::Cancel {
+        only_if: None,
+        source: Source::Client,
+    };
+    let absent = Presence::Absent {
+        room: Room::Available,
+    };
+    // NOT_FOUND needs no stamp.
+    let mut fresh = Session::new(0);
+    let missing = decide(&mut fresh, absent, &id, &cancel, 0);
     assert!(missing.is_err());
 }
 
@@ -142,10 +128,10 @@ fn the_stamp_is_taken_only_when_the_machine_runs() {
 fn revisions_are_gap_free_and_response_ids_come_from_the_stamp() {
     let mut session = Session::new(0);
     let a = on(&mut session, &start(None), 100, 64);
-    assert_eq!(a.change.first_revision, 1);
-    assert_eq!(a.change.kinds.len(), 1);
+    assert_eq!(a.change().unwrap().first_revision, 1);
+    assert_eq!(a.change().unwrap().kinds.len(), 1);
     let b = on(&mut session, &start(None), 101, 64);
-    let events = b.change.events(&sid(), |i| 101 + i as u64);
+    let events = b.change().unwrap().events(&sid(), 101);
     let revisions: Vec<u64> = events.iter().map(|e| e.revision).collect();
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
     assert_eq!(revisions, [2, 3, 4]);
@@ -155,17 +141,17 @@ fn revisions_are_gap_free_and_response_ids_come_from_the_stamp() {
         .all(|e| e.unix_nanos == 7 && e.session_id == sid()));
     assert_eq!(
         b.reply,
-        Reply::Started {
+        Outcome::Started {
             response: ResponseId::new(101).unwrap(),
             superseded: ResponseId::new(100),
-            replayed: false,
         }
     );
+    assert!(!b.replayed());
     assert_eq!(
         events[1].kind,
         EventKind::Ended {
             response: ResponseId::new(100).unwrap(),
-            ending: Ending::Cancelled(CancelReason::Superseded)
+            ending: Terminal::Cancelled(CancelReason::Superseded)
         }
     );
     assert_eq!(b.state.responses_started, 2);
@@ -187,7 +173,7 @@ fn an_unchanged_answer_changes_nothing_but_the_touch() {
     };
     on(&mut session, &start(None), 10, 0);
     let decision = on(&mut session, &stale, 20, 0);
-    assert_eq!(decision.reply, Reply::Finished { applied: false });
+    assert_eq!(decision.reply, Outcome::Finished { applied: false });
     assert!(!decision.changed());
     assert_eq!(decision.state.revision, 1);
 }
@@ -219,8 +205,8 @@ fn refused_start_is_not_remembered() {
     };
     on(&mut session, &shutdown, 5, 64);
     let refused = on(&mut session, &start(Some("late")), 6, 64);
-    assert_eq!(refused.reply, Reply::StartRefused);
-    assert!(refused.change.is_empty());
+    assert_eq!(refused.reply, Outcome::StartRefused);
+    assert!(refused.change().is_none());
     assert!(matches!(
         refused.started(&sid()),
         Err(CoordError::SessionTerminated(_))
@@ -251,27 +237,29 @@ fn history_is_bounded_and_resume_beyond_it_is_refused() {
 #[test]
 fn expiry_is_never_early_and_tombstones_are_forgotten() {
     let mut session = Session::new(0);
-    let expire =
-        |session: &mut Session, now| decide_expiry(session, &sid(), now, TTLS, stamp(5), 64);
+    let id = sid();
+    fn expire<'a>(session: &'a mut Session, id: &'a SessionId, now: Millis) -> ExpiryDecision<'a> {
+        decide_expiry(session, id, now, TTLS)
+    }
     assert_eq!(
-        expire(&mut session, 1_000),
+        expire(&mut session, &id, 1_000),
         ExpiryDecision::NotDue { at: 1_001 }
     );
     session.touch(500);
     assert_eq!(
-        expire(&mut session, 1_001),
+        expire(&mut session, &id, 1_001),
         ExpiryDecision::NotDue { at: 1_501 }
     );
-    let ExpiryDecision::Expired {
-        decision,
-        next_check,
-    } = expire(&mut session, 1_501)
-    else {
+    let ExpiryDecision::Expire(due) = expire(&mut session, &id, 1_501) else {
         panic!("due at 1_501");
     };
-    assert_eq!(decision.reply, Reply::TornDown { cancelled: None });
+    let Expired {
+        decision,
+        next_check,
+    } = due.apply(stamp(5), 64);
+    assert_eq!(decision.reply, Outcome::TornDown { cancelled: None });
     assert_eq!(
-        decision.change.kinds.as_slice(),
+        decision.change().unwrap().kinds.as_slice(),
         [EventKind::Terminated {
             reason: TeardownReason::Expired
         }]
@@ -279,10 +267,10 @@ fn expiry_is_never_early_and_tombstones_are_forgotten() {
     assert_eq!(decision.state.phase, Phase::Terminated);
     assert_eq!(next_check, 1_602);
     assert_eq!(
-        expire(&mut session, 1_550),
+        expire(&mut session, &id, 1_550),
         ExpiryDecision::NotDue { at: 1_602 }
     );
     // Touching a tombstone does not keep it.
     session.touch(1_590);
-    assert_eq!(expire(&mut session, 1_602), ExpiryDecision::Forget);
+    assert_eq!(expire(&mut session, &id, 1_602), ExpiryDecision::Forget);
 }

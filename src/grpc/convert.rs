@@ -7,7 +7,7 @@ use crate::{
     error::CoordError,
     events::LifecycleEvent,
     ids::{response_id_or_zero, RequestId, ResponseId, SessionId},
-    machine::{CancelReason, Ending, EventKind, FinishStatus, Phase, Source},
+    machine::{CancelReason, EventKind, FinishStatus, Phase, Source, Terminal},
     proto::v1 as pb,
     session::SessionSnapshot,
 };
@@ -202,9 +202,11 @@ pub fn event(event: &LifecycleEvent) -> pb::LifecycleEvent {
         }
         EventKind::Ended { response, ending } => {
             let (status, reason) = match ending {
-                Ending::Completed => (pb::TerminalStatus::Completed, pb::CancelReason::Unspecified),
-                Ending::Failed => (pb::TerminalStatus::Failed, pb::CancelReason::Unspecified),
-                Ending::Cancelled(reason) => {
+                Terminal::Completed => {
+                    (pb::TerminalStatus::Completed, pb::CancelReason::Unspecified)
+                }
+                Terminal::Failed => (pb::TerminalStatus::Failed, pb::CancelReason::Unspecified),
+                Terminal::Cancelled(reason) => {
                     (pb::TerminalStatus::Cancelled, reason_to_proto(reason))
                 }
             };

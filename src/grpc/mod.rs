@@ -2,8 +2,9 @@
 //! one error-to-status mapping (`status`), the service implementation
 //! (`service`), watch stream delivery (`watch`) and the per-RPC observation
 //! layer (`observe`: span, trace context, call metrics). Nothing here decides a
-//! transition: every call is validated, handed to the registry, and its
-//! answer translated back.
+//! transition: every call is validated, handed to the backend
+//! (`backend::Coordinator`: the memory registry or NATS), and its answer
+//! translated back.
 
 pub mod convert;
 pub mod observe;

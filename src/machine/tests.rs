@@ -24,25 +24,27 @@ fn active(raw: u64, source: Source) -> Phase {
         source,
     })
 }
-fn start(source: Source) -> Input {
-    Input::Start {
-        new_response: id(N),
+/// Every Start here would give its response id `N`.
+fn start(source: Source) -> Call {
+    Call::Start {
         source,
+        request_id: None,
     }
 }
-fn finish(raw: u64, status: FinishStatus) -> Input {
-    Input::Finish {
+fn finish(raw: u64, status: FinishStatus) -> Call {
+    Call::Finish {
         response: ResponseId::new(raw),
         status,
     }
 }
-fn cancel(raw: u64) -> Input {
-    Input::Cancel {
+fn cancel(raw: u64) -> Call {
+    Call::Cancel {
         only_if: ResponseId::new(raw),
+        source: Client,
     }
 }
-fn teardown(reason: TeardownReason) -> Input {
-    Input::Teardown { reason }
+fn teardown(reason: TeardownReason) -> Call {
+    Call::Teardown { reason }
 }
 fn started(raw: u64, source: Source) -> EventKind {
     EventKind::Started {
@@ -56,7 +58,7 @@ fn cancel_requested(raw: u64, reason: CancelReason) -> EventKind {
         reason,
     }
 }
-fn ended(raw: u64, ending: Ending) -> EventKind {
+fn ended(raw: u64, ending: Terminal) -> EventKind {
     EventKind::Ended {
         response: id(raw),
         ending,
@@ -85,11 +87,11 @@ fn o_torn(raw: u64) -> Outcome {
     }
 }
 
-type Row = (Phase, Input, Phase, Vec<EventKind>, Outcome);
+type Row = (Phase, Call, Phase, Vec<EventKind>, Outcome);
 
 fn table() -> Vec<Row> {
-    use Ending::Cancelled;
     use TeardownReason::{Expired, Shutdown};
+    use Terminal::Cancelled;
     let idle = Phase::Idle;
     let term = Phase::Terminated;
     let mut rows: Vec<Row> = Vec::new();
@@ -145,14 +147,14 @@ fn table() -> Vec<Row> {
             act,
             finish(A, Completed),
             idle,
-            vec![ended(A, Ending::Completed)],
+            vec![ended(A, Terminal::Completed)],
             o_finished(true),
         ));
         rows.push((
             act,
             finish(A, Failed),
             idle,
-            vec![ended(A, Ending::Failed)],
+            vec![ended(A, Terminal::Failed)],
             o_finished(true),
         ));
         for stale in [0, O] {
@@ -221,7 +223,7 @@ fn all_phases() -> Vec<Phase> {
     ]
 }
 
-fn all_inputs() -> Vec<Input> {
+fn all_inputs() -> Vec<Call> {
     let mut inputs = vec![start(Unspecified), start(Client), start(Vad)];
     for raw in [0, A, O] {
         inputs.push(finish(raw, Completed));
@@ -236,9 +238,9 @@ fn all_inputs() -> Vec<Input> {
 #[test]
 fn table_covers_every_cell_exactly_once() {
     let rows = table();
-    let cells: HashSet<(Phase, Input)> = rows.iter().map(|r| (r.0, r.1)).collect();
+    let cells: HashSet<(Phase, Call)> = rows.iter().map(|r| (r.0, r.1.clone())).collect();
     assert_eq!(cells.len(), rows.len(), "a cell appears twice in the table");
-    let expected: HashSet<(Phase, Input)> = all_phases()
+    let expected: HashSet<(Phase, Call)> = all_phases()
         .into_iter()
         .flat_map(|p| all_inputs().into_iter().map(move |i| (p, i)))
         .collect();
@@ -249,7 +251,7 @@ fn table_covers_every_cell_exactly_once() {
 #[test]
 fn every_cell_matches_the_table() {
     for (phase, input, next, events, outcome) in table() {
-        let t = transition(phase, input);
+        let t = transition(phase, &input, id(N));
         assert_eq!(t.next, next, "next phase of {phase:?} on {input:?}");
         assert_eq!(
             t.events.as_slice(),
@@ -265,7 +267,7 @@ fn at_most_one_live_response_after_any_cell() {
     // Live count before + started - ended must be 0 or 1 in every cell: the
     // spec's AtMostOneLive, checked on the events rather than the phase.
     for (phase, input, ..) in table() {
-        let t = transition(phase, input);
+        let t = transition(phase, &input, id(N));
         let mut live = i32::from(phase.active().is_some());
         for event in &t.events {
             match event {

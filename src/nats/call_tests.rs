@@ -10,7 +10,7 @@ use crate::{
     error::CoordError,
     ids::SessionId,
     machine::{FinishStatus, Phase, Source},
-    registry::RegistryConfig,
+    registry::CoordConfig,
 };
 
 /// Makes the coordinator's next read of `id` return the entry as it was at
@@ -40,7 +40,7 @@ async fn an_answer_that_writes_nothing_is_not_given_from_a_stale_read() {
     if !nats_available().await {
         return;
     }
-    let c = coordinator(8, RegistryConfig::default()).await;
+    let c = coordinator(8, CoordConfig::default()).await;
     let id = SessionId::parse("stale-read").unwrap();
     let first = c.start(&id, Source::Client, None).await.unwrap();
     let before_second = kv_revision(&c, &id).await;
@@ -78,7 +78,7 @@ async fn an_unreadable_entry_is_data_loss_naming_the_session_and_is_left_alone()
     if !nats_available().await {
         return;
     }
-    let c = coordinator(8, RegistryConfig::default()).await;
+    let c = coordinator(8, CoordConfig::default()).await;
     let id = SessionId::parse("damaged").unwrap();
     let key = entry::key(&id);
     let garbage = bytes::Bytes::from_static(b"\xff\x00 not a stored session");

@@ -19,7 +19,7 @@ use crate::{
     event::{Change, SharedEvent},
     ids::{RequestId, ResponseId, SessionId},
     machine::{
-        ActiveResponse, CancelReason, Ending, EventKind, Phase, Source, TeardownReason,
+        ActiveResponse, CancelReason, EventKind, Phase, Source, TeardownReason, Terminal,
         MAX_EVENTS_PER_TRANSITION,
     },
     session::{Persisted, StartRecord},
@@ -146,7 +146,7 @@ impl Entry {
     /// of the message that stored it.
     pub fn lifecycle_events(&self, id: &SessionId, stream_seq: u64) -> Vec<SharedEvent> {
         self.change()
-            .events(id, |index| event_seq(stream_seq, index))
+            .events(id, event_seq(stream_seq, 0))
             .into_iter()
             .collect()
     }
@@ -204,19 +204,19 @@ fn cancel_of(code: u32) -> Result<CancelReason, DecodeError> {
 }
 
 /// Completed 1, failed 2, cancelled with reason r: 10 + r.
-fn ending_code(ending: Ending) -> u32 {
+fn ending_code(ending: Terminal) -> u32 {
     match ending {
-        Ending::Completed => 1,
-        Ending::Failed => 2,
-        Ending::Cancelled(reason) => 10 + cancel_code(reason),
+        Terminal::Completed => 1,
+        Terminal::Failed => 2,
+        Terminal::Cancelled(reason) => 10 + cancel_code(reason),
     }
 }
 
-fn ending_of(code: u32) -> Result<Ending, DecodeError> {
+fn ending_of(code: u32) -> Result<Terminal, DecodeError> {
     Ok(match code {
-        1 => Ending::Completed,
-        2 => Ending::Failed,
-        11..=14 => Ending::Cancelled(cancel_of(code - 10)?),
+        1 => Terminal::Completed,
+        2 => Terminal::Failed,
+        11..=14 => Terminal::Cancelled(cancel_of(code - 10)?),
         other => return Err(malformed(format!("ending {other}"))),
     })
 }
@@ -421,7 +421,7 @@ mod tests {
             },
             EventKind::Ended {
                 response: r(5),
-                ending: Ending::Cancelled(CancelReason::Superseded),
+                ending: Terminal::Cancelled(CancelReason::Superseded),
             },
             EventKind::Started {
                 response: r(9),
@@ -439,9 +439,9 @@ mod tests {
         assert_eq!(seqs, [(5, 40), (6, 41), (7, 42)]);
         // Every ending and teardown code survives.
         for ending in [
-            Ending::Completed,
-            Ending::Failed,
-            Ending::Cancelled(CancelReason::Expired),
+            Terminal::Completed,
+            Terminal::Failed,
+            Terminal::Cancelled(CancelReason::Expired),
         ] {
             let kind = EventKind::Ended {
                 response: r(1),

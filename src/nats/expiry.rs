@@ -4,10 +4,11 @@
 //! 2.9, so expiry does not use them. Instead one replica holds a lease (a key
 //! in the bucket, taken and renewed with compare-and-set) and sweeps its
 //! mirror for sessions past their deadline. Each candidate is then decided
-//! afresh from the bucket by the same pure check (`Session::expiry_check`)
-//! inside the same compare-and-set path as every call, so a stale mirror, a
-//! lease that changed hands mid-sweep, or two expirers at once can at worst
-//! repeat a read: a session is never expired twice nor before its TTL.
+//! afresh from the bucket by the same pure decision
+//! (`decision::decide_expiry`) inside the same compare-and-set path as every
+//! call, so a stale mirror, a lease that changed hands mid-sweep, or two
+//! expirers at once can at worst repeat a read: a session is never expired
+//! twice nor before its TTL.
 //!
 //! The lease lasts three sweep intervals; a replica that dies is replaced by
 //! another within that, so expiry is late by at most a few seconds.

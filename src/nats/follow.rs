@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     clock::{last_activity, stamp_millis, StreamClock},
     entry,
-    mirror::{Change, Mirror, MirrorState},
+    mirror::{KeyUpdate, Mirror, MirrorState},
     observed::NatsStats,
     turnover::Turnovers,
 };
@@ -27,7 +27,7 @@ fn parse(
     message: &jetstream::Message,
     subject_prefix: &str,
     clock: &StreamClock,
-) -> Result<(u64, Option<(SessionId, Change)>), String> {
+) -> Result<(u64, Option<(SessionId, KeyUpdate)>), String> {
     let info = message.info().map_err(|e| e.to_string())?;
     let stamp = stamp_millis(info.published.unix_timestamp_nanos());
     clock.observe(stamp);
@@ -51,7 +51,7 @@ fn parse_parts(
     payload: &[u8],
     stamp: u64,
     subject_prefix: &str,
-) -> Option<(SessionId, Change)> {
+) -> Option<(SessionId, KeyUpdate)> {
     let id = subject
         .strip_prefix(subject_prefix)
         .and_then(entry::session_of_key)?;
@@ -59,12 +59,12 @@ fn parse_parts(
         .and_then(|headers| headers.get("KV-Operation"))
         .map(|value| value.as_str().to_owned());
     if matches!(operation.as_deref(), Some("DEL" | "PURGE")) {
-        return Some((id, Change::Removed));
+        return Some((id, KeyUpdate::Removed));
     }
     match entry::decode(payload) {
         Ok(mut entry) => {
             entry.persisted.since = last_activity(entry.persisted.since, stamp);
-            Some((id, Change::Stored(entry)))
+            Some((id, KeyUpdate::Stored(entry)))
         }
         Err(error) => {
             tracing::error!(session_id = %id, stream_seq, %error, "unreadable session entry skipped");

@@ -74,7 +74,7 @@ impl Known {
 }
 
 /// One message of the bucket's stream, as the mirror needs it.
-pub enum Change {
+pub enum KeyUpdate {
     Stored(Entry),
     /// A delete or purge marker: the session was forgotten.
     Removed,
@@ -117,14 +117,14 @@ impl MirrorState {
         &mut self,
         stream_seq: u64,
         id: SessionId,
-        change: Change,
+        change: KeyUpdate,
     ) -> Option<Applied> {
         if stream_seq <= self.stream_seq {
             return None;
         }
         self.stream_seq = stream_seq;
         let entry = match change {
-            Change::Removed => {
+            KeyUpdate::Removed => {
                 if let Some(old) = self.sessions.remove(&id) {
                     self.count(old.phase, -1);
                 }
@@ -133,7 +133,7 @@ impl MirrorState {
                     gap: false,
                 });
             }
-            Change::Stored(entry) => entry,
+            KeyUpdate::Stored(entry) => entry,
         };
         let known_revision = self.sessions.get(&id).map_or(0, |k| k.revision);
         let revision = entry.persisted.revision;
@@ -189,7 +189,7 @@ impl Mirror {
     }
 
     /// Applies one message and publishes its events.
-    pub fn apply(&self, stream_seq: u64, id: SessionId, change: Change) {
+    pub fn apply(&self, stream_seq: u64, id: SessionId, change: KeyUpdate) {
         let mut state = self.lock();
         let Some(applied) = state.apply(stream_seq, id.clone(), change) else {
             return;

@@ -16,7 +16,7 @@ use crate::{
     events::{Delivery, SharedEvent, Subscription},
     ids::{SessionId, SessionScope},
     machine::Source,
-    registry::RegistryConfig,
+    registry::CoordConfig,
 };
 
 /// How long a step may take before the test calls it missing. Generous:
@@ -39,18 +39,32 @@ pub(super) async fn nats_available() -> bool {
 
 /// A replica on a bucket no other test (or earlier run) uses, keeping
 /// `history` entries per key.
-pub(super) async fn coordinator(history: u8, config: RegistryConfig) -> NatsCoordinator {
+pub(super) async fn coordinator(history: u8, config: CoordConfig) -> NatsCoordinator {
+    coordinator_on(&fresh_bucket(), history, config).await
+}
+
+/// A bucket name no other test uses.
+pub(super) fn fresh_bucket() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let bucket = format!(
+    format!(
         "w{}_{}_{}",
         std::process::id(),
         nanos % 1_000_000_000_000,
         NEXT.fetch_add(1, Ordering::Relaxed)
-    );
+    )
+}
+
+/// A replica on `bucket` (another replica of the same bucket shares it).
+pub(super) async fn coordinator_on(
+    bucket: &str,
+    history: u8,
+    config: CoordConfig,
+) -> NatsCoordinator {
+    let bucket = bucket.to_owned();
     let settings = NatsSettings {
         url: std::env::var("RESPCOORD_TEST_NATS_URL")
             .unwrap_or_else(|_| "nats://127.0.0.1:4222".into()),
@@ -117,7 +131,7 @@ async fn writes_between_the_entry_read_and_the_history_fetch_come_once() {
     if !nats_available().await {
         return;
     }
-    let c = coordinator(16, RegistryConfig::default()).await;
+    let c = coordinator(16, CoordConfig::default()).await;
     start(&c, "s").await; // revision 1
     let writer = c.clone();
     let mut watch = c
@@ -142,7 +156,7 @@ async fn resumed_and_live_only_watches_with_writes_between_their_steps_come_once
     if !nats_available().await {
         return;
     }
-    let c = coordinator(16, RegistryConfig::default()).await;
+    let c = coordinator(16, CoordConfig::default()).await;
     for _ in 0..3 {
         start(&c, "s").await; // 1..=7
     }
@@ -178,7 +192,7 @@ async fn watch_all_with_writes_between_its_steps_delivers_each_event_once() {
     if !nats_available().await {
         return;
     }
-    let c = coordinator(16, RegistryConfig::default()).await;
+    let c = coordinator(16, CoordConfig::default()).await;
     let all = SessionScope::All;
     let mut reference = c.watch_all(&all, None).await.unwrap();
     start(&c, "a").await; // acknowledged before the watches open: excluded
@@ -222,9 +236,9 @@ async fn a_history_of_only_touches_is_out_of_range_not_a_silent_gap() {
     }
     // An 8 ms idle TTL writes a touch for a call 1 ms after the last one
     // (nothing expires: no expirer runs here). Two entries per key.
-    let config = RegistryConfig {
+    let config = CoordConfig {
         idle_ttl: Duration::from_millis(8),
-        ..RegistryConfig::default()
+        ..CoordConfig::default()
     };
     let c = coordinator(2, config).await;
     start(&c, "s").await; // revision 1

@@ -6,7 +6,7 @@ use std::{cmp::Reverse, sync::Arc, time::Duration};
 
 use super::{Inner, Registry, Shard};
 use crate::{
-    decision::{self, ExpiryDecision},
+    decision::{self, Expired, ExpiryDecision},
     session::Millis,
     sync::atomic::Ordering,
 };
@@ -95,16 +95,18 @@ impl Inner {
             if !session.is_expiry_entry(due) {
                 continue; // superseded by a newer entry for the same session
             }
-            let mut append = None;
-            let stamp = || self.stamp(&mut append);
-            match decision::decide_expiry(session, &id, now, self.ttls, stamp, history) {
+            match decision::decide_expiry(session, &id, now, self.ttls) {
                 ExpiryDecision::NotDue { at } => self.file_expiry(expiry, session, &id, at),
-                ExpiryDecision::Expired {
-                    decision,
-                    next_check,
-                } => {
+                ExpiryDecision::Expire(ready) => {
+                    let append = self.log.begin_append();
+                    let stamp = Self::stamp(append.next_seq());
+                    let Expired {
+                        decision,
+                        next_check,
+                    } = ready.apply(stamp, history);
                     let watchers = watchers.get(id.as_str()).map(Arc::as_ref);
-                    Self::carry_out(watchers, stats, append, &id, &decision::EXPIRY, &decision);
+                    let call = &decision::EXPIRY;
+                    Self::carry_out(watchers, stats, Some(append), &id, call, &decision);
                     self.file_expiry(expiry, session, &id, next_check);
                 }
                 ExpiryDecision::Forget => {

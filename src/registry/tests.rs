@@ -7,14 +7,14 @@ use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
 use super::{expiry::EXPIRY_BATCH, *};
 use crate::{
     events::{Delivery, Subscription},
-    machine::{CancelReason, Ending, EventKind, FinishStatus, Source},
+    machine::{CancelReason, EventKind, FinishStatus, Source, Terminal},
 };
 
 const IDLE: Duration = Duration::from_secs(10);
 const TOMBSTONE: Duration = Duration::from_secs(5);
 
 fn registry() -> Registry {
-    Registry::new(RegistryConfig {
+    Registry::new(CoordConfig {
         idle_ttl: IDLE,
         tombstone_ttl: TOMBSTONE,
         shards: 4,
@@ -79,7 +79,7 @@ async fn an_idle_session_expires_no_earlier_than_its_ttl() {
             },
             EventKind::Ended {
                 response: started.response,
-                ending: Ending::Cancelled(CancelReason::Expired)
+                ending: Terminal::Cancelled(CancelReason::Expired)
             },
             EventKind::Terminated {
                 reason: TeardownReason::Expired
@@ -146,7 +146,7 @@ async fn tombstones_are_forgotten_and_the_id_can_start_again_with_larger_ids() {
 #[tokio::test(start_paused = true)]
 async fn a_stale_expiry_entry_taken_for_live_forgets_nothing_early() {
     let collision = Duration::from_millis(1 << 32);
-    let registry = Registry::new(RegistryConfig {
+    let registry = Registry::new(CoordConfig {
         idle_ttl: IDLE,
         tombstone_ttl: IDLE + collision,
         shards: 1,
@@ -169,7 +169,7 @@ async fn a_stale_expiry_entry_taken_for_live_forgets_nothing_early() {
 
 #[tokio::test(start_paused = true)]
 async fn the_expirer_wakes_for_earlier_deadlines_without_polling() {
-    let registry = Registry::new(RegistryConfig {
+    let registry = Registry::new(CoordConfig {
         idle_ttl: Duration::from_secs(3600),
         tombstone_ttl: Duration::from_secs(1),
         ..Default::default()
@@ -305,7 +305,7 @@ async fn a_session_watch_releases_its_channel_when_the_last_watcher_leaves() {
 
 #[test]
 fn refused_creation_leaves_no_trace() {
-    let registry = Registry::new(RegistryConfig {
+    let registry = Registry::new(CoordConfig {
         max_sessions: 1,
         ..Default::default()
     });
@@ -355,7 +355,7 @@ fn drain_now(subscription: &mut Subscription) -> (Vec<u64>, bool) {
 #[test]
 fn session_watches_opened_anywhere_deliver_each_revision_once() {
     const HISTORY: u64 = 8;
-    let registry = Registry::new(RegistryConfig {
+    let registry = Registry::new(CoordConfig {
         session_history: HISTORY as usize,
         ..Default::default()
     });
@@ -404,7 +404,7 @@ fn session_watches_opened_anywhere_deliver_each_revision_once() {
 #[test]
 fn session_watches_opened_during_writes_deliver_each_revision_once() {
     const STARTS: u64 = 1_000;
-    let registry = Registry::new(RegistryConfig {
+    let registry = Registry::new(CoordConfig {
         session_history: 4 * STARTS as usize,
         session_watch_buffer: 4 * STARTS as usize,
         ..Default::default()

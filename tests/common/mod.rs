@@ -17,7 +17,7 @@ use respcoord::{
     proto::v1::{
         self as pb, lifecycle_event::Kind, response_coordinator_client::ResponseCoordinatorClient,
     },
-    registry::{Registry, RegistryConfig},
+    registry::{CoordConfig, Registry},
     server::{self, ServerConfig},
 };
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
@@ -42,10 +42,10 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start() -> Self {
-        Self::with(RegistryConfig::default(), WatchSettings::default()).await
+        Self::with(CoordConfig::default(), WatchSettings::default()).await
     }
 
-    pub async fn with(registry: RegistryConfig, watch: WatchSettings) -> Self {
+    pub async fn with(registry: CoordConfig, watch: WatchSettings) -> Self {
         Self::with_config(ServerConfig {
             registry,
             watch,
@@ -206,7 +206,7 @@ pub fn scratch_file(prefix: &str, name: &str, contents: &str) -> PathBuf {
 /// replicated as `RESPCOORD_TEST_NATS_REPLICAS` says (1 by default; the
 /// test command runs the end-to-end suite once more on a three-node
 /// cluster with 3).
-pub fn test_nats_settings(bucket: &str, config: &RegistryConfig) -> NatsSettings {
+pub fn test_nats_settings(bucket: &str, config: &CoordConfig) -> NatsSettings {
     let replicas = std::env::var("RESPCOORD_TEST_NATS_REPLICAS")
         .ok()
         .and_then(|r| r.parse().ok())
@@ -224,7 +224,7 @@ pub fn test_nats_settings(bucket: &str, config: &RegistryConfig) -> NatsSettings
     }
 }
 
-async fn coordinator_for_tests(config: RegistryConfig) -> (Coordinator, Option<String>) {
+async fn coordinator_for_tests(config: CoordConfig) -> (Coordinator, Option<String>) {
     match test_backend().as_str() {
         "nats" => {
             let bucket = fresh_bucket();

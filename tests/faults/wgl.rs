@@ -13,10 +13,10 @@
 use std::collections::{HashMap, HashSet};
 
 use respcoord::{
-    decision::{decide, Presence, Reply, Room, Stamp},
+    decision::{decide, Presence, Room, Stamp},
     error::CoordError,
     ids::{ResponseId, SessionId},
-    machine::{self, Phase},
+    machine::{self, Outcome, Phase},
     session::{Call, Session},
 };
 
@@ -200,32 +200,29 @@ impl SpecOp {
                 },
             ),
         };
-        let stamp = || Stamp {
+        let stamp = Stamp {
             first_seq: 0,
             unix_nanos: 0,
             new_response,
         };
-        let reply = match decide(&mut session, presence, id, call, NOW, stamp, 0) {
-            Ok(decision)
-                if !subject.agrees(decision.change.first_revision, &decision.change.kinds) =>
-            {
-                return None
+        let reply = match decide(&mut session, presence, id, call, NOW) {
+            Ok(decided) => {
+                let decision = decided.settle(stamp, 0);
+                match decision.change() {
+                    Some(change) if !subject.agrees(change.first_revision, &change.kinds) => {
+                        return None
+                    }
+                    _ => Some((decision.reply, decision.replayed())),
+                }
             }
-            Ok(decision) => Some(decision.reply),
             Err(CoordError::SessionNotFound(_)) => None,
             Err(_) => return None,
         };
         let last = match reply {
-            Some(Reply::Started {
-                response,
-                replayed: false,
-                ..
-            }) if response.get() <= model.last => return None,
-            Some(Reply::Started {
-                response,
-                replayed: false,
-                ..
-            }) => response.get(),
+            Some((Outcome::Started { response, .. }, false)) if response.get() <= model.last => {
+                return None
+            }
+            Some((Outcome::Started { response, .. }, false)) => response.get(),
             _ => model.last,
         };
         let next = Model {
@@ -244,26 +241,30 @@ impl SpecOp {
 
 /// Whether the specification's reply is the recorded answer (`None`: the
 /// session does not exist, NOT_FOUND).
-fn answers(reply: Option<Reply>, answer: &Answer) -> bool {
+fn answers(reply: Option<(Outcome, bool)>, answer: &Answer) -> bool {
     let id = |id: Option<ResponseId>| id.map(ResponseId::get);
     match (reply, answer) {
         (None, Answer::NotFound) => true,
         (
-            Some(Reply::Started {
-                response,
-                superseded,
+            Some((
+                Outcome::Started {
+                    response,
+                    superseded,
+                },
                 replayed,
-            }),
+            )),
             Answer::Started {
                 response: r,
                 superseded: s,
                 replayed: p,
             },
         ) => response.get() == *r && id(superseded) == *s && replayed == *p,
-        (Some(Reply::StartRefused), Answer::StartRefused) => true,
-        (Some(Reply::Finished { applied }), Answer::Finished { applied: a }) => applied == *a,
-        (Some(Reply::Cancelled { cancelled }), Answer::Cancelled { cancelled: c })
-        | (Some(Reply::TornDown { cancelled }), Answer::ShutDown { cancelled: c }) => {
+        (Some((Outcome::StartRefused, _)), Answer::StartRefused) => true,
+        (Some((Outcome::Finished { applied }, _)), Answer::Finished { applied: a }) => {
+            applied == *a
+        }
+        (Some((Outcome::Cancelled { cancelled }, _)), Answer::Cancelled { cancelled: c })
+        | (Some((Outcome::TornDown { cancelled }, _)), Answer::ShutDown { cancelled: c }) => {
             id(cancelled) == *c
         }
         _ => false,

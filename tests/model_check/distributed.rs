@@ -3,8 +3,10 @@
 //! Actor 0 is the coordinator. Its state holds a real
 //! `respcoord::session::Session`, and it handles each request the way the
 //! registry does: a Start whose `request_id` the session already applied is
-//! answered from `Session::replayed`, anything else goes through
-//! `Session::apply` (and so through `respcoord::machine::transition`). The
+//! answered from `Session::replayed` (here, so the `NoReplay` mutation can
+//! skip it), anything else goes through the shared decision
+//! (`respcoord::decision::decide`, via `ledger::decide`, and so through
+//! `respcoord::machine::transition`). The
 //! event log's seq is a counter in the coordinator's state that advances by
 //! the number of events each call emits, and a Start's response id is the
 //! seq of the call's first event, exactly as in the registry.
@@ -24,10 +26,9 @@
 use std::borrow::Cow;
 
 use respcoord::{
-    decision::Reply as Decided,
     events::SharedEvent,
     ids::{RequestId, ResponseId, SessionId},
-    machine::{EventKind, FinishStatus, Phase, Source, TeardownReason},
+    machine::{EventKind, FinishStatus, Outcome as Decided, Phase, Source, TeardownReason},
     session::{Call, Session},
 };
 use stateright::actor::{
@@ -369,7 +370,6 @@ impl Node {
                 Decided::Started {
                     response,
                     superseded,
-                    replayed: false,
                 },
             ) => {
                 let key = (src, tag);

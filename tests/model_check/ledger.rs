@@ -5,36 +5,39 @@
 //! session's event stream would see.
 
 use respcoord::{
-    decision::{self, Presence, Reply, Stamp},
+    decision::{self, Presence, Stamp},
     events::SharedEvent,
     ids::{ResponseId, SessionId},
-    machine::{EventKind, Phase},
+    machine::{EventKind, Outcome, Phase},
     session::{Call, Session},
 };
 
 /// Decides `call` on `session` with the decision both backends run
 /// (`decision::decide`), its response ids and seqs from `first_seq`; the
-/// reply and the events as a watcher would see them.
+/// reply and the events as a watcher would see them. The models answer a
+/// replayed Start themselves, before deciding (as `distributed` does), so
+/// none comes here.
 pub fn decide(
     session: &mut Session,
     session_id: &SessionId,
     call: &Call,
     first_seq: u64,
-) -> (Reply, Vec<SharedEvent>) {
-    let stamp = || Stamp {
+) -> (Outcome, Vec<SharedEvent>) {
+    let stamp = Stamp {
         first_seq,
         unix_nanos: 0,
         new_response: ResponseId::new(first_seq).expect("models number seqs from 1"),
     };
     // history_limit 0: retained events are not what is checked here, and
     // keeping them would only make states bigger.
-    let decided = decision::decide(session, Presence::Stored, session_id, call, 0, stamp, 0)
-        .expect("a stored session is never refused");
+    let decided = decision::decide(session, Presence::Stored, session_id, call, 0)
+        .expect("a stored session is never refused")
+        .settle(stamp, 0);
+    assert!(!decided.replayed(), "the models answer replays themselves");
     let events = decided
-        .change
-        .events(session_id, |index| first_seq + index as u64)
-        .into_iter()
-        .collect();
+        .change()
+        .map(|change| change.events(session_id, first_seq).into_iter().collect())
+        .unwrap_or_default();
     (decided.reply, events)
 }
 
@@ -146,7 +149,7 @@ impl Ledger {
     }
 
     /// Feeds a call's reply and checks it against the call's events.
-    pub fn check_outcome(&mut self, outcome: &Reply, events: &[SharedEvent]) {
+    pub fn check_outcome(&mut self, outcome: &Outcome, events: &[SharedEvent]) {
         let kinds: Vec<EventKind> = events.iter().map(|event| event.kind).collect();
         if !outcome_agrees(outcome, &kinds) {
             self.fault(Fault::OutcomeMismatch);
@@ -225,7 +228,7 @@ impl Ledger {
 
 /// Whether a reply says what the events did (the contract's semantics table,
 /// restated from the reply's side).
-pub fn outcome_agrees(outcome: &Reply, events: &[EventKind]) -> bool {
+pub fn outcome_agrees(outcome: &Outcome, events: &[EventKind]) -> bool {
     let started: Vec<u64> = events
         .iter()
         .filter_map(|kind| match kind {
@@ -248,10 +251,9 @@ pub fn outcome_agrees(outcome: &Reply, events: &[EventKind]) -> bool {
         id.iter().map(|id| id.get()).collect()
     };
     match outcome {
-        Reply::Started {
+        Outcome::Started {
             response,
             superseded,
-            replayed: false,
         } => {
             started == [response.get()]
                 && ended == ids(superseded)
@@ -259,15 +261,14 @@ pub fn outcome_agrees(outcome: &Reply, events: &[EventKind]) -> bool {
                 // the old response's terminal comes before the new start
                 && matches!(events.last(), Some(EventKind::Started { .. }))
         }
-        // A replay changes nothing.
-        Reply::Started { replayed: true, .. } | Reply::StartRefused => events.is_empty(),
-        Reply::Finished { applied } => {
+        Outcome::StartRefused => events.is_empty(),
+        Outcome::Finished { applied } => {
             started.is_empty() && ended.len() == usize::from(*applied) && terminated == 0
         }
-        Reply::Cancelled { cancelled } => {
+        Outcome::Cancelled { cancelled } => {
             started.is_empty() && ended == ids(cancelled) && terminated == 0
         }
-        Reply::TornDown { cancelled } => {
+        Outcome::TornDown { cancelled } => {
             started.is_empty()
                 && ended == ids(cancelled)
                 && terminated <= 1

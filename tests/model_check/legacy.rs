@@ -12,7 +12,7 @@
 
 use respcoord::{
     ids::ResponseId,
-    machine::{CancelReason, Ending, EventKind, Source, TeardownReason},
+    machine::{CancelReason, EventKind, Source, TeardownReason, Terminal},
 };
 use stateright::{Model, Property};
 
@@ -79,7 +79,7 @@ fn cancel(state: &mut LegacyState, reason: CancelReason) {
         });
         state.ledger.observe(&EventKind::Ended {
             response: id(old),
-            ending: Ending::Cancelled(reason),
+            ending: Terminal::Cancelled(reason),
         });
     }
 }
@@ -131,7 +131,7 @@ impl Model for LegacyModel {
                 let current = next.registered.take()?;
                 next.ledger.observe(&EventKind::Ended {
                     response: id(current),
-                    ending: Ending::Completed,
+                    ending: Terminal::Completed,
                 });
             }
             LegacyAction::CancelReq => {

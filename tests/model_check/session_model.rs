@@ -11,9 +11,8 @@
 //! input and a ledger of the events that came out.
 
 use respcoord::{
-    decision::Reply,
     ids::{ResponseId, SessionId},
-    machine::{FinishStatus, Phase, Source, TeardownReason},
+    machine::{FinishStatus, Outcome, Phase, Source, TeardownReason},
     session::{Call, Session},
 };
 use stateright::{Model, Property};
@@ -52,7 +51,7 @@ pub struct SpecState {
     pub ledger: Ledger,
     /// The last action, the reply it got and how many events it emitted, for
     /// the reachability properties.
-    pub last: Option<(SpecAction, Reply, usize)>,
+    pub last: Option<(SpecAction, Outcome, usize)>,
 }
 
 pub struct SessionModel {
@@ -102,7 +101,7 @@ impl SessionModel {
     }
 }
 
-fn last(state: &SpecState) -> Option<(SpecAction, Reply)> {
+fn last(state: &SpecState) -> Option<(SpecAction, Outcome)> {
     state.last.map(|(action, outcome, _)| (action, outcome))
 }
 
@@ -192,7 +191,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::StartFromClient,
-                        Reply::Started {
+                        Outcome::Started {
                             superseded: None,
                             ..
                         }
@@ -204,7 +203,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::StartFromVad,
-                        Reply::Started {
+                        Outcome::Started {
                             superseded: Some(_),
                             ..
                         }
@@ -216,7 +215,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::StartFromClient,
-                        Reply::Started {
+                        Outcome::Started {
                             superseded: Some(_),
                             ..
                         }
@@ -228,7 +227,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::FinishCurrent(FinishStatus::Completed),
-                        Reply::Finished { applied: true }
+                        Outcome::Finished { applied: true }
                     ))
                 )
             }),
@@ -237,7 +236,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::FinishCurrent(FinishStatus::Failed),
-                        Reply::Finished { applied: true }
+                        Outcome::Finished { applied: true }
                     ))
                 )
             }),
@@ -248,7 +247,7 @@ impl Model for SessionModel {
                         last(s),
                         Some((
                             SpecAction::FinishStale(_),
-                            Reply::Finished { applied: false }
+                            Outcome::Finished { applied: false }
                         ))
                     ) && active_id(s).is_some()
                 },
@@ -258,7 +257,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::CancelReq,
-                        Reply::Cancelled { cancelled: Some(_) }
+                        Outcome::Cancelled { cancelled: Some(_) }
                     ))
                 )
             }),
@@ -267,7 +266,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::CancelIf(_),
-                        Reply::Cancelled { cancelled: Some(_) }
+                        Outcome::Cancelled { cancelled: Some(_) }
                     ))
                 )
             }),
@@ -278,7 +277,7 @@ impl Model for SessionModel {
                         last(s),
                         Some((
                             SpecAction::CancelIf(_),
-                            Reply::Cancelled { cancelled: None }
+                            Outcome::Cancelled { cancelled: None }
                         ))
                     ) && active_id(s).is_some()
                 },
@@ -288,27 +287,30 @@ impl Model for SessionModel {
                 |_, s: &SpecState| {
                     matches!(
                         last(s),
-                        Some((SpecAction::Shutdown, Reply::TornDown { cancelled: Some(_) }))
+                        Some((
+                            SpecAction::Shutdown,
+                            Outcome::TornDown { cancelled: Some(_) }
+                        ))
                     )
                 },
             ),
             Property::sometimes("shutdown of an idle session", |_, s: &SpecState| {
                 matches!(
                     last(s),
-                    Some((SpecAction::Shutdown, Reply::TornDown { cancelled: None }))
+                    Some((SpecAction::Shutdown, Outcome::TornDown { cancelled: None }))
                 ) && last_events(s) == 1
                     && !s.ledger.responses.is_empty()
             }),
             Property::sometimes("repeated shutdown is a no-op", |_, s: &SpecState| {
                 matches!(
                     last(s),
-                    Some((SpecAction::Shutdown, Reply::TornDown { cancelled: None }))
+                    Some((SpecAction::Shutdown, Outcome::TornDown { cancelled: None }))
                 ) && last_events(s) == 0
             }),
             Property::sometimes("expiry cancels the active response", |_, s: &SpecState| {
                 matches!(
                     last(s),
-                    Some((SpecAction::Expire, Reply::TornDown { cancelled: Some(_) }))
+                    Some((SpecAction::Expire, Outcome::TornDown { cancelled: Some(_) }))
                 )
             }),
             Property::sometimes("start refused after teardown", |_, s: &SpecState| {
@@ -316,7 +318,7 @@ impl Model for SessionModel {
                     last(s),
                     Some((
                         SpecAction::StartFromClient | SpecAction::StartFromVad,
-                        Reply::StartRefused
+                        Outcome::StartRefused
                     ))
                 )
             }),

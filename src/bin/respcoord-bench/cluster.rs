@@ -13,7 +13,7 @@ use std::{
 use clap::Args;
 use respcoord::{
     proto::v1 as pb,
-    registry::RegistryConfig,
+    registry::CoordConfig,
     server::{self, ServerConfig},
 };
 use tokio::net::TcpListener;
@@ -178,7 +178,7 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
     let mut urls = Vec::new();
     let mut stops = Vec::new();
     for _ in 0..args.replicas.max(1) {
-        let nats = NatsCoordinator::connect(&settings, RegistryConfig::default())
+        let nats = NatsCoordinator::connect(&settings, CoordConfig::default())
             .await
             .map_err(|e| e.to_string())?;
         let listener = TcpListener::bind("127.0.0.1:0")

@@ -27,7 +27,7 @@ use clap::{Args, ValueEnum};
 use respcoord::{
     nats::{NatsCoordinator, NatsSettings, RETRY_REASONS},
     proto::v1 as pb,
-    registry::RegistryConfig,
+    registry::CoordConfig,
     server::{self, ServerConfig},
 };
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -625,7 +625,7 @@ async fn run(args: &FailoverArgs, binary: &Path, fault: Fault) -> Result<String,
     };
     let (mut replicas, ready_by) = (Vec::new(), Instant::now() + Duration::from_secs(30));
     while replicas.len() < 2 {
-        match NatsCoordinator::connect(&settings, RegistryConfig::default()).await {
+        match NatsCoordinator::connect(&settings, CoordConfig::default()).await {
             Ok(replica) => replicas.push(replica),
             Err(error) if Instant::now() > ready_by => return Err(format!("no cluster: {error}")),
             Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,

@@ -10,7 +10,7 @@ use clap::Args;
 use respcoord::{
     ids::SessionId,
     machine::{FinishStatus, Source},
-    registry::{Registry, RegistryConfig},
+    registry::{CoordConfig, Registry},
 };
 
 use crate::{
@@ -39,10 +39,10 @@ pub fn memory(args: MemoryArgs) -> ExitCode {
         .enable_all()
         .build()
         .expect("runtime");
-    let config = RegistryConfig {
-        max_sessions: sessions.max(RegistryConfig::default().max_sessions),
-        shards: args.shards.unwrap_or(RegistryConfig::default().shards),
-        ..RegistryConfig::default()
+    let config = CoordConfig {
+        max_sessions: sessions.max(CoordConfig::default().max_sessions),
+        shards: args.shards.unwrap_or(CoordConfig::default().shards),
+        ..CoordConfig::default()
     };
     let registry = {
         let _entered = runtime.enter();

@@ -11,7 +11,7 @@ mod report;
 use std::{collections::HashMap, net::SocketAddr, process::ExitCode, sync::Arc, time::Duration};
 
 use clap::{Args, ValueEnum};
-use respcoord::registry::{Registry, RegistryConfig};
+use respcoord::registry::{CoordConfig, Registry};
 
 use self::{
     load::{run, session_names, Delivery, Plan, Sample},
@@ -293,7 +293,7 @@ pub fn wire(args: WireArgs) -> ExitCode {
                 let local = match (target, &args.endpoint) {
                     (Target::Respcoord, None) => Some(start_respcoord(
                         &server_runtime,
-                        Registry::new(RegistryConfig::default()),
+                        Registry::new(CoordConfig::default()),
                         // Room for every watch the run opens.
                         args.session_watchers + 1,
                     )),
