@@ -35,8 +35,10 @@ use crate::{error::CoordError, ids::SessionScope};
 
 pub use crate::event::{LifecycleEvent, SharedEvent};
 pub(crate) use feed::{Feed, FeedReceiver};
+pub(crate) use session_feeds::{HoldsFeeds, LiveFeed, SessionFeeds};
 
 mod feed;
+mod session_feeds;
 
 /// Sizes of the log's buffers.
 #[derive(Clone, Copy, Debug)]
@@ -390,7 +392,7 @@ impl Subscription {
 
     /// A session watch whose session already ended: it replays `backlog`
     /// (possibly empty) and then ends.
-    pub(crate) fn finish_after_backlog(mut self) -> Self {
+    fn finish_after_backlog(mut self) -> Self {
         // A terminated session's backlog, if any, ends with its `terminated`
         // event, which ends the watch; with no backlog there is nothing to wait for.
         if self.backlog.is_empty() {

@@ -76,6 +76,63 @@
 //! (src/bin/respcoord-bench/: `main.rs`, one file per command, `servers.rs`
 //! for the in-process empty and respcoord servers, `measure.rs` for the CPU
 //! and RSS probes and the statistics; docs/performance.md).
+//!
+//! # Life of a Start
+//!
+//! One Start, hop by hop. Each hop names a file, then items in it, in code
+//! spans; `tests/layout.rs` checks that every item is defined in the file
+//! named before it, so a rename that leaves this text behind fails there.
+//!
+//! Both backends, in:
+//! 1. `grpc/service.rs` `CoordinatorService::start`: the RPC. The request
+//!    becomes domain types in `grpc/convert.rs` `start` (a bad field is
+//!    INVALID_ARGUMENT naming it); the caller's scope is checked.
+//! 2. `backend.rs` `Coordinator::start`: the one seam that names both
+//!    backends.
+//!
+//! Memory backend:
+//! 3. `registry.rs` `Registry::start`, then `Inner::call`: the session's
+//!    shard locked; the session found, or a fresh one if there is room.
+//! 4. `decision.rs` `decide`: pure. A replay, or a call that changes
+//!    nothing, is answered here; anything else comes back as a
+//!    `ReadyChange`.
+//! 5. `registry.rs` `Inner::settle`: the event log's lock taken (in
+//!    `events.rs` `EventLog::begin_append`), the stamp made from its next
+//!    seq (`registry.rs` `Inner::stamp`), and the change applied:
+//!    `decision.rs` `ReadyChange::apply` runs `session.rs` `Session::apply`,
+//!    which runs `machine.rs` `transition`.
+//! 6. `registry.rs` `Inner::carry_out`: the events built (`event.rs`
+//!    `Change::events`) and published (`events.rs` `Append::publish`) to
+//!    the watch-all feed and the session's feed (`events/feed.rs`
+//!    `Feed::send`); the decision counted (`stats.rs` `CoordStats::record`);
+//!    both locks released.
+//!
+//! NATS backend:
+//! 3. `nats.rs` `NatsCoordinator::start`, then `Inner::call`: the replica's
+//!    per-session lock (`nats/locks.rs` `KeyedLocks`), then the entry this
+//!    replica last wrote (`nats/cache.rs` `EntryCache`) or a read of the key
+//!    (`nats.rs` `Inner::read`).
+//! 4. `decision.rs` `decide`, as above, settled at once with the replica's
+//!    own stamp (`Decided::settle`).
+//! 5. `nats/entry.rs` `Entry`: the record and its events' kinds, encoded.
+//!    `nats.rs` `Inner::write` writes it with compare-and-set over the
+//!    revision read, retried through `nats/failure.rs` `Patience`; a
+//!    conflict decides again; a write whose answer was lost is recognised
+//!    by `nats/landed.rs` `Inner::landed`. An answer that writes nothing
+//!    stands only once confirmed at a quorum point (`nats.rs`
+//!    `Inner::confirmed`, `nats/quorum.rs` `QuorumPoints`).
+//! 6. Every replica's follower (`nats/follow.rs` `Follower`) reads the
+//!    write from the stream; `nats/mirror.rs` `Mirror::apply` updates the
+//!    replica's view and publishes the events (`events.rs`
+//!    `EventLog::publish`) to the same feeds.
+//!
+//! Both backends, out:
+//! 7. `decision.rs` `Decision::started` reads the reply off the decision;
+//!    a refusal, an `error.rs` `CoordError`, is mapped to its status code in
+//!    one place (`grpc/status.rs`).
+//! 8. A watcher's response stream (`grpc/watch.rs` `Watch`) is woken by the
+//!    feed and sends the events it reads (`events.rs`
+//!    `Subscription::poll_next`).
 
 pub mod auth;
 pub mod backend;

@@ -208,7 +208,14 @@ impl Metrics {
 /// Registers the instruments read at collection time. The meter provider
 /// keeps their callbacks for its lifetime.
 fn observe(meter: &Meter, sources: Sources) {
-    let coordinator = sources.coordinator.clone();
+    observe_sessions(meter, &sources.coordinator);
+    observe_responses(meter, &sources.coordinator);
+    observe_watches(meter, &sources.watches);
+}
+
+/// Transitions, sessions by phase, events and expiries.
+fn observe_sessions(meter: &Meter, source: &Coordinator) {
+    let coordinator = source.clone();
     meter
         .u64_observable_counter("respcoord.transitions")
         .with_unit("{transition}")
@@ -224,7 +231,7 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let coordinator = sources.coordinator.clone();
+    let coordinator = source.clone();
     meter
         .i64_observable_up_down_counter("respcoord.sessions")
         .with_unit("{session}")
@@ -242,7 +249,7 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let coordinator = sources.coordinator.clone();
+    let coordinator = source.clone();
     meter
         .u64_observable_counter("respcoord.events")
         .with_unit("{event}")
@@ -255,15 +262,18 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let coordinator = sources.coordinator.clone();
+    let coordinator = source.clone();
     meter
         .u64_observable_counter("respcoord.sessions.expired")
         .with_unit("{session}")
         .with_description("Sessions shut down for idleness (reason EXPIRED)")
         .with_callback(move |observer| observer.observe(coordinator.stats().expiries(), &[]))
         .build();
+}
 
-    let coordinator = sources.coordinator.clone();
+/// Responses ended and stopped, the time they ran, and Start replays.
+fn observe_responses(meter: &Meter, source: &Coordinator) {
+    let coordinator = source.clone();
     meter
         .u64_observable_counter("respcoord.responses.ended")
         .with_unit("{response}")
@@ -278,7 +288,7 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let coordinator = sources.coordinator.clone();
+    let coordinator = source.clone();
     meter
         .f64_observable_counter("respcoord.responses.duration")
         .with_unit("s")
@@ -294,7 +304,7 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let coordinator = sources.coordinator.clone();
+    let coordinator = source.clone();
     meter
         .u64_observable_counter("respcoord.responses.stopped")
         .with_unit("{response}")
@@ -318,15 +328,18 @@ fn observe(meter: &Meter, sources: Sources) {
         })
         .build();
 
-    let coordinator = sources.coordinator;
+    let coordinator = source.clone();
     meter
         .u64_observable_counter("respcoord.request_id.replays")
         .with_unit("{call}")
         .with_description("Start calls answered from the request_id replay window")
         .with_callback(move |observer| observer.observe(coordinator.stats().replays, &[]))
         .build();
+}
 
-    let watches = Arc::clone(&sources.watches);
+/// Open watches and watches ended for lag, by scope.
+fn observe_watches(meter: &Meter, watches: &Arc<WatchStats>) {
+    let open = Arc::clone(watches);
     meter
         .i64_observable_up_down_counter("respcoord.watchers")
         .with_unit("{watcher}")
@@ -334,14 +347,14 @@ fn observe(meter: &Meter, sources: Sources) {
         .with_callback(move |observer| {
             for kind in [WatchKind::Session, WatchKind::All] {
                 observer.observe(
-                    i64::try_from(watches.open(kind)).unwrap_or(i64::MAX),
+                    i64::try_from(open.open(kind)).unwrap_or(i64::MAX),
                     &[KeyValue::new("scope", kind.as_str())],
                 );
             }
         })
         .build();
 
-    let watches = sources.watches;
+    let watches = Arc::clone(watches);
     meter
         .u64_observable_counter("respcoord.watchers.lagged")
         .with_unit("{watcher}")
@@ -357,12 +370,21 @@ fn observe(meter: &Meter, sources: Sources) {
         .build();
 }
 
-/// Registers the NATS backend's instruments, on that backend only: the
-/// memory backend has no `respcoord_nats_*` series at all.
-fn observe_nats(meter: &Meter, coordinator: &Coordinator) {
-    if coordinator.nats_stats().is_none() {
-        return;
+/// A callback observing one number of the NATS backend's counters.
+fn reading(
+    coordinator: &Coordinator,
+    field: fn(&NatsCounts) -> u64,
+) -> impl Fn(&dyn AsyncInstrument<u64>) + Send + Sync + 'static {
+    let coordinator = coordinator.clone();
+    move |observer| {
+        if let Some(counts) = coordinator.nats_stats() {
+            observer.observe(field(&counts), &[]);
+        }
     }
+}
+
+/// The NATS store's request latency, recorded by the backend.
+fn observe_nats_store(meter: &Meter, coordinator: &Coordinator) {
     coordinator.record_store_latency(
         meter
             .f64_histogram("respcoord.nats.store.duration")
@@ -374,20 +396,15 @@ fn observe_nats(meter: &Meter, coordinator: &Coordinator) {
             .with_boundaries(DURATION_BUCKETS.to_vec())
             .build(),
     );
+}
 
-    /// A callback observing one number of the backend's counters.
-    fn reading(
-        coordinator: &Coordinator,
-        field: fn(&NatsCounts) -> u64,
-    ) -> impl Fn(&dyn AsyncInstrument<u64>) + Send + Sync + 'static {
-        let coordinator = coordinator.clone();
-        move |observer| {
-            if let Some(counts) = coordinator.nats_stats() {
-                observer.observe(field(&counts), &[]);
-            }
-        }
+/// Registers the NATS backend's instruments, on that backend only: the
+/// memory backend has no `respcoord_nats_*` series at all.
+fn observe_nats(meter: &Meter, coordinator: &Coordinator) {
+    if coordinator.nats_stats().is_none() {
+        return;
     }
-
+    observe_nats_store(meter, coordinator);
     meter
         .u64_observable_counter("respcoord.nats.cas_conflicts")
         .with_unit("{conflict}")

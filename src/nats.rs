@@ -67,15 +67,13 @@ use self::{
     turnover::Turnover,
 };
 use crate::{
-    decision::{
-        self, Changed, Decision, Effect, Expired, ExpiryDecision, Presence, Room, Stamp, Started,
-    },
+    decision::{self, Changed, Decision, Effect, Presence, Room, Stamp, Started},
     error::CoordError,
     events::{EventLog, LogLimits},
     ids::{RequestId, ResponseId, SessionId, SessionScope},
     machine::{Call, FinishStatus, Outcome, Phase, Source, TeardownReason},
     nats::mirror::Mirror,
-    session::{Millis, Session, SessionSnapshot, Ttls},
+    session::{self, Millis, Session, SessionSnapshot, Ttls},
     shared::{Clock, CoordConfig, PageToken, SessionPage},
     stats::CoordStats,
     sync::Mutex,
@@ -182,6 +180,73 @@ enum Read {
     Absent { revision: u64 },
 }
 
+impl Read {
+    /// The KV revision of a stored record read, `None` for an absent one:
+    /// what `Inner::confirmed` checks an answer without a write against.
+    fn live_revision(&self) -> Option<u64> {
+        match self {
+            Read::Live { revision, .. } => Some(*revision),
+            Read::Absent { .. } => None,
+        }
+    }
+}
+
+/// What one attempt of `Inner::compare_and_set` does with what it read.
+enum Step<T> {
+    /// The answer stands as it is (expiry's "nothing to do").
+    Stands(Result<T, CoordError>),
+    /// An answer that writes nothing: it stands once the entry it was
+    /// decided on (`read`, as `Read::live_revision`) is confirmed the key's
+    /// latest at a quorum point, else the call goes round again.
+    Confirm {
+        read: Option<u64>,
+        answer: Result<T, CoordError>,
+    },
+    /// Write `entry` if the key is still at `expected`, then answer; the
+    /// entry is remembered in the cache if `cache`, else the cached one is
+    /// dropped.
+    Write {
+        expected: u64,
+        entry: entry::Entry,
+        cache: bool,
+        answer: T,
+    },
+    /// Purge a forgotten session's entry if the key is still at
+    /// `expected`, then answer.
+    Purge { expected: u64, answer: T },
+}
+
+impl<T> Step<T> {
+    fn confirm(read: Option<u64>, answer: Result<T, CoordError>) -> Self {
+        Step::Confirm { read, answer }
+    }
+}
+
+/// Quorum points (`Inner::quorum_point`) written to `kv`, each with
+/// `patience` for transient store failures.
+fn quorum_points(
+    kv: &kv::Store,
+    observed: &Arc<NatsStats>,
+    turnover: &Arc<Turnover>,
+    patience: Duration,
+) -> Arc<QuorumPoints> {
+    let (kv, observed, turnover) = (kv.clone(), Arc::clone(observed), Arc::clone(turnover));
+    QuorumPoints::new(Arc::new(move || {
+        let (kv, observed) = (kv.clone(), Arc::clone(&observed));
+        let turnovers = turnover.subscribe();
+        Box::pin(async move {
+            Patience::new(patience, turnovers)
+                .retry(&observed, StoreOp::QuorumPoint, || async {
+                    kv.put(QUORUM_POINT_KEY, bytes::Bytes::new())
+                        .await
+                        .map_err(|error| StoreFailure::of(&error))
+                })
+                .await
+                .map_err(|failure| failure.into_error().to_string())
+        })
+    }))
+}
+
 impl NatsCoordinator {
     /// Connects, creates the bucket if it does not exist, loads the mirror
     /// and starts following the bucket.
@@ -229,24 +294,7 @@ impl NatsCoordinator {
         tokio::spawn(following.run(follower.clone()));
         let touch_interval = (millis(config.idle_ttl) / 8).clamp(1, 60_000);
         let patience = settings.patience;
-        let quorum_points = QuorumPoints::new({
-            let (kv, observed, turnover) =
-                (kv.clone(), Arc::clone(&observed), Arc::clone(&turnover));
-            Arc::new(move || {
-                let (kv, observed) = (kv.clone(), Arc::clone(&observed));
-                let turnovers = turnover.subscribe();
-                Box::pin(async move {
-                    Patience::new(patience, turnovers)
-                        .retry(&observed, StoreOp::QuorumPoint, || async {
-                            kv.put(QUORUM_POINT_KEY, bytes::Bytes::new())
-                                .await
-                                .map_err(|error| StoreFailure::of(&error))
-                        })
-                        .await
-                        .map_err(|failure| failure.into_error().to_string())
-                })
-            })
-        });
+        let quorum_points = quorum_points(&kv, &observed, &turnover, patience);
         Ok(Self {
             inner: Arc::new(Inner {
                 kv,
@@ -567,117 +615,106 @@ impl Inner {
 
     /// The one path every call that may change a session takes: the shared
     /// decision (`decision::decide`) under this replica's per-session lock,
-    /// written with compare-and-set against the revision it was decided on.
+    /// written with compare-and-set against the revision it was decided on
+    /// (`compare_and_set`).
     async fn call(&self, id: &SessionId, call: &Call) -> Result<Decision, CoordError> {
         let _serialized = self.locks.lock(id).await;
-        let key = entry::key(id);
         // The entry this replica last wrote saves the read: a write against
         // it that succeeds proves it was current. An answer that writes
         // nothing proves nothing by itself, so it stands only once confirmed
         // at a quorum point (`confirmed`), else it is decided again from a
         // fresh read.
-        let mut cached = self.cache.take(id);
-        let mut patience = self.patience();
-        for _ in 0..MAX_ATTEMPTS {
-            let read = match cached.take() {
-                Some((revision, entry)) => Read::Live { revision, entry },
-                None => self.read(id, &key, &mut patience).await?,
-            };
-            let stream_now = self.clock.now();
-            let now = stream_now.unwrap_or_else(unix_millis);
-            let read_revision = match &read {
-                Read::Live { revision, .. } => Some(*revision),
-                Read::Absent { .. } => None,
-            };
-            let (expected, mut session, last_response, stored_since, presence) = match read {
-                Read::Live {
-                    revision, entry, ..
-                } => {
-                    let since = entry.persisted.since;
-                    let mut session = Session::from_persisted(entry.persisted);
-                    session.remember_live_since(entry.unix_nanos);
-                    let presence = Presence::Stored;
-                    (
-                        revision,
-                        session,
-                        entry.last_response,
-                        Some(since),
-                        presence,
-                    )
-                }
-                Read::Absent { revision } => {
-                    let max = self.config.max_sessions;
-                    let room = if self.mirror.session_count() >= max {
-                        Room::Full { max }
-                    } else {
-                        Room::Available
-                    };
-                    let presence = Presence::Absent { room };
-                    (revision, Session::new(now), 0, None, presence)
-                }
-            };
-            let nanos = Clock::unix_nanos();
-            let stamp = Stamp {
-                first_seq: 0,
-                unix_nanos: nanos,
-                new_response: mint(last_response, nanos),
-            };
-            let decision = match decision::decide(&mut session, presence, id, call, now) {
-                Ok(decided) => decided.settle(stamp, 0),
-                // A refusal (not found, terminated, full) is an answer that
-                // writes nothing too.
-                Err(refusal) if self.confirmed(id, read_revision, &patience).await? => {
-                    return Err(refusal)
-                }
-                Err(_) => continue,
-            };
-            let last_response = match (&decision.effect, decision.reply) {
-                (Effect::Changed { .. }, Outcome::Started { response, .. }) => response.get(),
-                _ => last_response,
-            };
-            let touch_due =
-                stored_since.is_some_and(|since| now.saturating_sub(since) >= self.touch_interval);
-            if !decision.changed() && !touch_due {
-                if self.confirmed(id, read_revision, &patience).await? {
-                    self.count(call, &decision);
-                    return Ok(decision);
-                }
-                continue;
-            }
-            let persisted = session.persisted();
-            let kinds = decision
+        let cached = self.cache.take(id);
+        let decision = self
+            .compare_and_set(id, cached, self.patience(), |read| {
+                self.decide_call(id, call, read)
+            })
+            .await?;
+        self.count(call, &decision);
+        Ok(decision)
+    }
+
+    /// One attempt of a call: the shared decision on what was read, and
+    /// what it writes, if anything.
+    fn decide_call(&self, id: &SessionId, call: &Call, read: Read) -> Step<Decision> {
+        let stream_now = self.clock.now();
+        let now = stream_now.unwrap_or_else(unix_millis);
+        let read_revision = read.live_revision();
+        let (expected, mut session, last_response, presence) = self.session_of(read, now);
+        // Before the decision touches the session: due by the stored time.
+        // Unlike GetState's (`decide_touch`), a call's touch is due on a
+        // tombstone too, as it always was.
+        let touch_due = session.touch_due(now, self.touch_interval);
+        let nanos = Clock::unix_nanos();
+        let stamp = Stamp {
+            first_seq: 0,
+            unix_nanos: nanos,
+            new_response: mint(last_response, nanos),
+        };
+        let decision = match decision::decide(&mut session, presence, id, call, now) {
+            Ok(decided) => decided.settle(stamp, 0),
+            // A refusal (not found, terminated, full) is an answer that
+            // writes nothing too.
+            Err(refusal) => return Step::confirm(read_revision, Err(refusal)),
+        };
+        if !decision.changed() && !touch_due {
+            return Step::confirm(read_revision, Ok(decision));
+        }
+        let last_response = match (&decision.effect, decision.reply) {
+            (Effect::Changed { .. }, Outcome::Started { response, .. }) => response.get(),
+            _ => last_response,
+        };
+        let entry = entry::Entry {
+            persisted: session.persisted(),
+            last_response,
+            events: decision
                 .change()
                 .map(|change| change.kinds.to_vec())
-                .unwrap_or_default();
-            let value = entry::encode(&persisted, last_response, &kinds, nanos);
-            if let Some(revision) = self.write(&key, &value, expected, &mut patience).await? {
-                let written = entry::Entry {
-                    persisted,
-                    last_response,
-                    events: kinds,
-                    unix_nanos: nanos,
+                .unwrap_or_default(),
+            unix_nanos: nanos,
+        };
+        Step::Write {
+            expected,
+            entry,
+            // Decided before this replica knew the stream's clock, the
+            // entry holds a time of its own clock, which a later touch
+            // check must not trust: the next call reads the stamped one.
+            cache: stream_now.is_some(),
+            answer: decision,
+        }
+    }
+
+    /// The session a call is decided on, from what was read: the revision
+    /// a write must expect, the session, the last response id it minted,
+    /// and whether it is stored (or, absent, whether there is room for it).
+    fn session_of(&self, read: Read, now: Millis) -> (u64, Session, u64, Presence) {
+        match read {
+            Read::Live { revision, entry } => {
+                let mut session = Session::from_persisted(entry.persisted);
+                session.remember_live_since(entry.unix_nanos);
+                (revision, session, entry.last_response, Presence::Stored)
+            }
+            Read::Absent { revision } => {
+                let max = self.config.max_sessions;
+                let room = if self.mirror.session_count() >= max {
+                    Room::Full { max }
+                } else {
+                    Room::Available
                 };
-                // Decided before this replica knew the stream's clock, the
-                // entry holds a time of its own clock, which a later touch
-                // check must not trust: the next call reads the stamped one.
-                if stream_now.is_some() {
-                    self.cache.put(id, revision, written);
-                }
-                self.count(call, &decision);
-                return Ok(decision);
+                let presence = Presence::Absent { room };
+                (revision, Session::new(now), 0, presence)
             }
         }
-        Err(CoordError::Contended(id.clone()))
     }
 
     /// GetState's read, with the touch it counts as.
     async fn touch(&self, id: &SessionId) -> Result<SessionSnapshot, CoordError> {
         let _serialized = self.locks.lock(id).await;
-        let mut patience = self.patience();
+        let patience = self.patience();
         self.quorum_point(patience.remaining()).await?;
         if let Some(known) = self.mirror.known(id) {
             let touch_due = known.phase != Phase::Terminated
-                && self.now().saturating_sub(known.since) >= self.touch_interval;
+                && session::touch_due(known.since, self.now(), self.touch_interval);
             if !touch_due {
                 return Ok(known.snapshot(id));
             }
@@ -685,93 +722,91 @@ impl Inner {
         // A touch is due, or the mirror holds nothing (absent, or an entry
         // the follower could not read): the bucket decides. The touch is a
         // compare-and-set write, which validates its read.
-        let key = entry::key(id);
-        for _ in 0..MAX_ATTEMPTS {
-            let (revision, entry) = match self.read(id, &key, &mut patience).await? {
-                Read::Live {
-                    revision, entry, ..
-                } => (revision, entry),
-                Read::Absent { .. } if self.confirmed(id, None, &patience).await? => {
-                    return Err(CoordError::SessionNotFound(id.clone()))
-                }
-                Read::Absent { .. } => continue,
-            };
-            let now = self.now();
-            let touch_due = entry.persisted.phase != Phase::Terminated
-                && now.saturating_sub(entry.persisted.since) >= self.touch_interval;
-            let mut session = Session::from_persisted(entry.persisted);
-            let snapshot = session.snapshot(id);
-            if !touch_due {
-                // Someone touched it since the mirror's view; the read
-                // stands only if confirmed, like any answer without a write.
-                if self.confirmed(id, Some(revision), &patience).await? {
-                    return Ok(snapshot);
-                }
-                continue;
-            }
-            session.touch(now);
-            let persisted = session.persisted();
-            let value = entry::encode(&persisted, entry.last_response, &[], entry.unix_nanos);
-            if let Some(revision) = self.write(&key, &value, revision, &mut patience).await? {
-                let touched = entry::Entry {
-                    persisted,
-                    last_response: entry.last_response,
-                    events: Vec::new(),
-                    unix_nanos: entry.unix_nanos,
-                };
-                self.cache.put(id, revision, touched);
-                return Ok(snapshot);
-            }
-        }
-        Err(CoordError::Contended(id.clone()))
+        self.compare_and_set(id, None, patience, |read| self.decide_touch(id, read))
+            .await
     }
 
-    /// Expires or forgets `id` if, read fresh from the bucket, it is due
-    /// (the shared expiry decision, `decision::decide_expiry`).
-    async fn expire(&self, id: &SessionId) -> Result<(), CoordError> {
-        let _serialized = self.locks.lock(id).await;
+    /// One attempt of GetState's touch on what was read.
+    fn decide_touch(&self, id: &SessionId, read: Read) -> Step<SessionSnapshot> {
+        let (revision, entry) = match read {
+            Read::Live { revision, entry } => (revision, entry),
+            Read::Absent { .. } => {
+                return Step::confirm(None, Err(CoordError::SessionNotFound(id.clone())))
+            }
+        };
+        let now = self.now();
+        let mut session = Session::from_persisted(entry.persisted);
+        let snapshot = session.snapshot(id);
+        if session.is_terminated() || !session.touch_due(now, self.touch_interval) {
+            // Someone touched it since the mirror's view; the read stands
+            // only if confirmed, like any answer without a write.
+            return Step::confirm(Some(revision), Ok(snapshot));
+        }
+        session.touch(now);
+        let touched = entry::Entry {
+            persisted: session.persisted(),
+            events: Vec::new(),
+            ..entry
+        };
+        Step::Write {
+            expected: revision,
+            entry: touched,
+            cache: true,
+            answer: snapshot,
+        }
+    }
+
+    /// Reads (or takes `cached`, the entry this replica last wrote), has
+    /// `decide` say what one attempt does with what was read, and carries
+    /// that out (`Step`): a write with compare-and-set over the revision read
+    /// (`write`, which knows a write whose answer was lost), or an answer
+    /// that writes nothing once `confirmed`. A conflict or an unconfirmed
+    /// answer goes round again from a fresh read, up to `MAX_ATTEMPTS`.
+    async fn compare_and_set<T>(
+        &self,
+        id: &SessionId,
+        mut cached: Option<(u64, entry::Entry)>,
+        mut patience: Patience,
+        mut decide: impl FnMut(Read) -> Step<T>,
+    ) -> Result<T, CoordError> {
         let key = entry::key(id);
-        let mut patience = self.patience();
         for _ in 0..MAX_ATTEMPTS {
-            let (revision, entry) = match self.read(id, &key, &mut patience).await? {
-                Read::Live {
-                    revision, entry, ..
-                } => (revision, entry),
-                Read::Absent { .. } => return Ok(()),
+            let read = match cached.take() {
+                Some((revision, entry)) => Read::Live { revision, entry },
+                None => self.read(id, &key, &mut patience).await?,
             };
-            let now = self.now();
-            let mut session = Session::from_persisted(entry.persisted);
-            session.remember_live_since(entry.unix_nanos);
-            let ready = match decision::decide_expiry(&mut session, id, now, self.ttls) {
-                ExpiryDecision::NotDue { .. } => return Ok(()),
-                ExpiryDecision::Forget => {
-                    if self.purge(&key, revision, &mut patience).await? {
+            match decide(read) {
+                Step::Stands(answer) => return answer,
+                Step::Confirm { read, answer } => {
+                    if self.confirmed(id, read, &patience).await? {
+                        return answer;
+                    }
+                }
+                Step::Write {
+                    expected,
+                    entry,
+                    cache,
+                    answer,
+                } => {
+                    let value = entry.encode();
+                    if let Some(revision) =
+                        self.write(&key, &value, expected, &mut patience).await?
+                    {
+                        if cache {
+                            self.cache.put(id, revision, entry);
+                        } else {
+                            self.cache.take(id);
+                        }
+                        return Ok(answer);
+                    }
+                }
+                Step::Purge { expected, answer } => {
+                    if self.purge(&key, expected, &mut patience).await? {
                         self.cache.take(id);
                         tracing::debug!(session_id = %id, "forgot terminated session");
-                        return Ok(());
+                        return Ok(answer);
                     }
-                    continue;
                 }
-                ExpiryDecision::Expire(ready) => ready,
-            };
-            let nanos = Clock::unix_nanos();
-            let stamp = Stamp {
-                first_seq: 0,
-                unix_nanos: nanos,
-                // A teardown starts nothing.
-                new_response: ResponseId::MIN,
-            };
-            let Expired { decision, .. } = ready.apply(stamp, 0);
-            let kinds = decision.change().map_or(&[][..], |change| &change.kinds);
-            let value = entry::encode(&session.persisted(), entry.last_response, kinds, nanos);
-            if self
-                .write(&key, &value, revision, &mut patience)
-                .await?
-                .is_some()
-            {
-                self.cache.take(id);
-                self.count(&decision::EXPIRY, &decision);
-                return Ok(());
             }
         }
         Err(CoordError::Contended(id.clone()))

@@ -36,7 +36,7 @@ use crate::sync::{
 use crate::{
     decision::{self, Decided, Decision, Presence, Room, Stamp},
     error::CoordError,
-    events::{Append, EventLog, Feed, LogLimits},
+    events::{Append, EventLog, Feed, LogLimits, SessionFeeds},
     ids::{ResponseId, SessionId},
     machine::{Call, Phase, TeardownReason},
     session::{Millis, Session, SessionSnapshot, Ttls},
@@ -59,7 +59,7 @@ struct Shard {
     sessions: HashMap<SessionId, Session>,
     expiry: BinaryHeap<Reverse<(Millis, SessionId)>>,
     /// Feeds of the sessions someone watches (most have no entry).
-    watchers: HashMap<SessionId, Arc<Feed>>,
+    watchers: SessionFeeds,
     /// This shard's counters for the metrics, kept under its lock.
     stats: CoordStats,
 }
@@ -321,14 +321,7 @@ impl Inner {
                 }
             }
         };
-        Self::carry_out(
-            watchers.get(id.as_str()).map(Arc::as_ref),
-            stats,
-            append,
-            id,
-            call,
-            &decision,
-        );
+        Self::carry_out(watchers.get(id), stats, append, id, call, &decision);
         let newly_terminated =
             decision.before != Some(Phase::Terminated) && decision.state.phase == Phase::Terminated;
         // A new tombstone's deadline may come before the live entry's (the

@@ -171,19 +171,10 @@ pub async fn serve_coordinator(
     let readiness = Readiness::default();
     readiness.set(true);
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<ResponseCoordinatorServer<CoordinatorService>>()
-        .await;
-    health.set_service_status("", ServingStatus::Serving).await;
+    serving(&health).await;
 
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
 
     let service = Arc::new(CoordinatorService::new(
         backend.clone(),
@@ -203,44 +194,21 @@ pub async fn serve_coordinator(
     let web = config
         .web_ui
         .then(|| web::WebView::new(Arc::clone(&service), authenticator.clone()));
-    let coordinator = ResponseCoordinatorServer::from_arc(service)
-        .max_decoding_message_size(limits.max_message_bytes)
-        .max_encoding_message_size(limits.max_message_bytes);
-    // Always behind the authenticator, with or without tokens: the service
-    // refuses a call that carries no caller scope (`auth::caller_scope`).
-    let coordinator = InterceptedService::new(coordinator, authenticator);
+    let coordinator = coordinator_service(service, limits, authenticator);
     let in_flight = GlobalConcurrencyLimitLayer::new(limits.max_concurrent_calls);
     let max_in_flight = limits.max_concurrent_calls;
 
-    let mut builder = Server::builder()
-        .timeout(limits.request_timeout)
-        .http2_keepalive_interval(limits.http2_keepalive_interval)
-        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
-        .max_concurrent_streams(limits.max_concurrent_streams);
-    if let Some(tls) = &config.tls {
-        builder = builder.tls_config(tls.server_config())?;
-    }
-
     let expiry = tokio::spawn({
-        let backend = backend.clone();
-        let stop = stop.clone();
+        let (backend, stop) = (backend.clone(), stop.clone());
         async move { backend.run(stop.cancelled_owned()).await }
     });
     let port_stop = CancellationToken::new();
-    let port = listeners.metrics.map(|listener| {
-        let mut routes = metrics::router(Arc::clone(&metrics), readiness.clone());
-        if let Some(web) = web {
-            routes = routes.merge(web::router(web));
-        }
-        tokio::spawn(metrics::serve_port(
-            listener,
-            routes,
-            port_stop.clone().cancelled_owned(),
-        ))
-    });
+    let port = listeners
+        .metrics
+        .map(|listener| spawn_metrics_port(listener, &metrics, &readiness, web, &port_stop));
 
     let drain = CancellationToken::new();
-    let server = builder
+    let server = grpc_builder(&config)?
         .layer(ObserveLayer::new(metrics.rpc()))
         .add_service(health_service)
         .add_service(Guarded::new(reflection_v1, &in_flight, max_in_flight))
@@ -261,33 +229,118 @@ pub async fn serve_coordinator(
         }
         () = shutdown => {
             tracing::info!("shutting down: not ready, health NOT_SERVING, ending watches, draining calls");
-            readiness.set(false);
-            health
-                .set_not_serving::<ResponseCoordinatorServer<CoordinatorService>>()
-                .await;
-            health
-                .set_service_status("", ServingStatus::NotServing)
-                .await;
+            not_serving(&readiness, &health).await;
             stop.cancel();
             drain.cancel();
-            match tokio::time::timeout(config.shutdown_grace, &mut server).await {
-                Ok(result) => result.map_err(Into::into),
-                Err(_) => {
-                    tracing::warn!(grace = %humantime::format_duration(config.shutdown_grace), "in-flight calls outlived the shutdown grace period");
-                    Ok(())
-                }
-            }
+            drain_calls(server, config.shutdown_grace).await
         }
     };
     let _ = expiry.await;
-    port_stop.cancel();
-    if let Some(port) = port {
-        match tokio::time::timeout(Duration::from_secs(5), port).await {
-            Ok(Ok(Err(error))) => tracing::warn!(%error, "metrics port"),
-            Err(_) => tracing::warn!("metrics port did not close in 5s"),
-            Ok(_) => {}
-        }
-    }
+    close_metrics_port(&port_stop, port).await;
     let _ = tokio::task::spawn_blocking(move || metrics.shutdown()).await;
     result
+}
+
+/// Health says the coordinator service (and the server) is serving.
+async fn serving(health: &tonic_health::server::HealthReporter) {
+    health
+        .set_serving::<ResponseCoordinatorServer<CoordinatorService>>()
+        .await;
+    health.set_service_status("", ServingStatus::Serving).await;
+}
+
+/// Reflection over the coordinator's and the health service's protos.
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}
+
+/// The coordinator service with its message limits, behind the
+/// authenticator.
+fn coordinator_service(
+    service: Arc<CoordinatorService>,
+    limits: Limits,
+    authenticator: Authenticator,
+) -> InterceptedService<ResponseCoordinatorServer<CoordinatorService>, Authenticator> {
+    let coordinator = ResponseCoordinatorServer::from_arc(service)
+        .max_decoding_message_size(limits.max_message_bytes)
+        .max_encoding_message_size(limits.max_message_bytes);
+    // Always behind the authenticator, with or without tokens: the service
+    // refuses a call that carries no caller scope (`auth::caller_scope`).
+    InterceptedService::new(coordinator, authenticator)
+}
+
+/// The gRPC server with the configured limits and TLS.
+fn grpc_builder(config: &ServerConfig) -> Result<Server, ServeError> {
+    let limits = config.limits;
+    let builder = Server::builder()
+        .timeout(limits.request_timeout)
+        .http2_keepalive_interval(limits.http2_keepalive_interval)
+        .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
+        .max_concurrent_streams(limits.max_concurrent_streams);
+    Ok(match &config.tls {
+        Some(tls) => builder.tls_config(tls.server_config())?,
+        None => builder,
+    })
+}
+
+/// Serves the metrics routes (and the web view's, when it is on) on
+/// `listener` until `stop` is cancelled.
+fn spawn_metrics_port(
+    listener: TcpListener,
+    metrics: &Arc<Metrics>,
+    readiness: &Readiness,
+    web: Option<web::WebView>,
+    stop: &CancellationToken,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let mut routes = metrics::router(Arc::clone(metrics), readiness.clone());
+    if let Some(web) = web {
+        routes = routes.merge(web::router(web));
+    }
+    tokio::spawn(metrics::serve_port(
+        listener,
+        routes,
+        stop.clone().cancelled_owned(),
+    ))
+}
+
+/// Says the server is shutting down: not ready, health NOT_SERVING.
+async fn not_serving(readiness: &Readiness, health: &tonic_health::server::HealthReporter) {
+    readiness.set(false);
+    health
+        .set_not_serving::<ResponseCoordinatorServer<CoordinatorService>>()
+        .await;
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+}
+
+/// Lets in-flight calls finish, for `grace` at most.
+async fn drain_calls(
+    server: impl Future<Output = Result<(), tonic::transport::Error>> + Unpin,
+    grace: Duration,
+) -> Result<(), ServeError> {
+    match tokio::time::timeout(grace, server).await {
+        Ok(result) => result.map_err(Into::into),
+        Err(_) => {
+            tracing::warn!(grace = %humantime::format_duration(grace), "in-flight calls outlived the shutdown grace period");
+            Ok(())
+        }
+    }
+}
+
+async fn close_metrics_port(
+    stop: &CancellationToken,
+    port: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+) {
+    stop.cancel();
+    let Some(port) = port else {
+        return;
+    };
+    match tokio::time::timeout(Duration::from_secs(5), port).await {
+        Ok(Ok(Err(error))) => tracing::warn!(%error, "metrics port"),
+        Err(_) => tracing::warn!("metrics port did not close in 5s"),
+        Ok(_) => {}
+    }
 }

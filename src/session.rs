@@ -80,6 +80,18 @@ pub struct Ttls {
     pub tombstone: Millis,
 }
 
+impl Ttls {
+    /// The deadline of a session in `phase` whose `since` is the time of
+    /// its last call (live) or of its termination (a tombstone): the one
+    /// rule of both backends' expiry, which acts strictly after it.
+    pub fn deadline(self, phase: Phase, since: Millis) -> Millis {
+        match phase {
+            Phase::Terminated => since.saturating_add(self.tombstone),
+            Phase::Idle | Phase::Active(_) => since.saturating_add(self.idle),
+        }
+    }
+}
+
 /// Clone, Eq and Hash let model checkers hold sessions as state.
 ///
 /// A million idle sessions are a million of these in the registry's tables,
@@ -205,6 +217,13 @@ impl Session {
             };
             self.history.push(self.revision, started, 1);
         }
+    }
+
+    /// Whether a call at `now` that changes nothing is still due to write
+    /// a touch, for a store that writes such calls only now and then (NATS,
+    /// every `interval`): see [`touch_due`].
+    pub fn touch_due(&self, now: Millis, interval: Millis) -> bool {
+        touch_due(self.since, now, interval)
     }
 
     /// Any call naming the session keeps it alive.
@@ -377,16 +396,23 @@ impl Session {
 
     /// The deadline this session's expiry entry should be filed under.
     pub fn next_deadline(&self, ttls: Ttls) -> Millis {
-        match self.phase {
-            PhaseKind::Terminated => self.since.saturating_add(ttls.tombstone),
-            PhaseKind::Idle | PhaseKind::Active(_) => self.since.saturating_add(ttls.idle),
-        }
+        ttls.deadline(self.phase(), self.since)
     }
 
     /// Whether the session is a tombstone.
     pub fn is_terminated(&self) -> bool {
         self.phase == PhaseKind::Terminated
     }
+}
+
+/// The touch rule of a store that does not write every call's activity
+/// (NATS): a call that changes nothing writes a touch once the stored last
+/// activity `since` is `interval` or more before `now`, so idle expiry,
+/// which allows `interval` on top of the idle TTL, never comes early. For
+/// a record of another shape that holds `since` (the NATS mirror's);
+/// [`Session::touch_due`] for a session.
+pub fn touch_due(since: Millis, now: Millis, interval: Millis) -> bool {
+    now.saturating_sub(since) >= interval
 }
 
 /// The low 32 bits of an expiry due time (see `Session::expiry_entry`).

@@ -141,6 +141,30 @@ pub struct PhaseCounts {
 }
 
 impl PhaseCounts {
+    /// A session went from `before` to `after` (`None`: not held): a
+    /// created, moved or dropped record. The one place both backends count
+    /// sessions by phase (the registry's shards, a NATS replica's mirror).
+    pub(crate) fn moved(&mut self, before: Option<Phase>, after: Option<Phase>) {
+        if let (Some(before), Some(after)) = (before, after) {
+            if std::mem::discriminant(&before) == std::mem::discriminant(&after) {
+                return;
+            }
+        }
+        if let Some(before) = before {
+            let old = self.slot(before);
+            *old = old.saturating_sub(1);
+        }
+        if let Some(after) = after {
+            *self.slot(after) += 1;
+        }
+    }
+
+    fn add(&mut self, other: &PhaseCounts) {
+        self.idle += other.idle;
+        self.active += other.active;
+        self.terminated += other.terminated;
+    }
+
     fn slot(&mut self, phase: Phase) -> &mut u64 {
         match phase {
             Phase::Idle => &mut self.idle,
@@ -181,23 +205,15 @@ impl CoordStats {
 
     /// A terminated session's record was dropped.
     pub(crate) fn forgotten(&mut self) {
-        self.sessions.terminated = self.sessions.terminated.saturating_sub(1);
+        self.sessions.moved(Some(Phase::Terminated), None);
     }
 
     /// Counts what a decided (and carried out) `call` did: a created record
     /// or a phase change, a replay, a transition and its events. The one
     /// place both backends count calls and expiries.
     pub(crate) fn record(&mut self, call: &Call, decision: &Decision) {
-        let after = decision.state.phase;
-        match decision.before {
-            None => *self.sessions.slot(after) += 1,
-            Some(before) if std::mem::discriminant(&before) != std::mem::discriminant(&after) => {
-                let old = self.sessions.slot(before);
-                *old = old.saturating_sub(1);
-                *self.sessions.slot(after) += 1;
-            }
-            Some(_) => {}
-        }
+        self.sessions
+            .moved(decision.before, Some(decision.state.phase));
         let (change, live_since) = match &decision.effect {
             Effect::Replayed => {
                 self.replays += 1;
@@ -225,9 +241,7 @@ impl CoordStats {
 
     /// Adds another shard's counts.
     pub fn add(&mut self, other: &CoordStats) {
-        self.sessions.idle += other.sessions.idle;
-        self.sessions.active += other.sessions.active;
-        self.sessions.terminated += other.sessions.terminated;
+        self.sessions.add(&other.sessions);
         for (sum, n) in self.transitions.iter_mut().zip(other.transitions) {
             *sum += n;
         }

@@ -279,40 +279,44 @@ fn event_kind(stored: &StoredEvent) -> Result<EventKind, DecodeError> {
     })
 }
 
-/// The stored value for a session after a transition that emitted `events`.
-pub fn encode(
-    persisted: &Persisted,
-    last_response: u64,
-    events: &[EventKind],
-    unix_nanos: i64,
-) -> Bytes {
-    let (phase, active_response, active_source) = match persisted.phase {
-        Phase::Idle => (1, 0, 0),
-        Phase::Active(active) => (2, active.id.get(), source_code(active.source)),
-        Phase::Terminated => (3, 0, 0),
-    };
-    let stored = StoredSession {
-        format: FORMAT,
-        phase,
-        active_response,
-        active_source,
-        revision: persisted.revision,
-        responses_started: persisted.responses_started,
-        last_response,
-        since_unix_ms: persisted.since,
-        replays: persisted
-            .replays
-            .iter()
-            .map(|(request_id, record)| StoredReplay {
-                request_id: request_id.as_str().to_owned(),
-                response: record.response.get(),
-                superseded: record.superseded.map_or(0, ResponseId::get),
-            })
-            .collect(),
-        events: events.iter().map(stored_event).collect(),
-        unix_nanos,
-    };
-    stored.encode_to_vec().into()
+impl Entry {
+    /// The stored value: the session after a transition, and the events
+    /// that transition emitted.
+    pub fn encode(&self) -> Bytes {
+        let Self {
+            persisted,
+            last_response,
+            events,
+            unix_nanos,
+        } = self;
+        let (phase, active_response, active_source) = match persisted.phase {
+            Phase::Idle => (1, 0, 0),
+            Phase::Active(active) => (2, active.id.get(), source_code(active.source)),
+            Phase::Terminated => (3, 0, 0),
+        };
+        let stored = StoredSession {
+            format: FORMAT,
+            phase,
+            active_response,
+            active_source,
+            revision: persisted.revision,
+            responses_started: persisted.responses_started,
+            last_response: *last_response,
+            since_unix_ms: persisted.since,
+            replays: persisted
+                .replays
+                .iter()
+                .map(|(request_id, record)| StoredReplay {
+                    request_id: request_id.as_str().to_owned(),
+                    response: record.response.get(),
+                    superseded: record.superseded.map_or(0, ResponseId::get),
+                })
+                .collect(),
+            events: events.iter().map(stored_event).collect(),
+            unix_nanos: *unix_nanos,
+        };
+        stored.encode_to_vec().into()
+    }
 }
 
 /// Reads a stored value, refusing anything that is not a consistent session.
@@ -374,6 +378,21 @@ pub fn decode(value: &[u8]) -> Result<Entry, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn encode(
+        persisted: &Persisted,
+        last_response: u64,
+        events: &[EventKind],
+        unix_nanos: i64,
+    ) -> Bytes {
+        Entry {
+            persisted: persisted.clone(),
+            last_response,
+            events: events.to_vec(),
+            unix_nanos,
+        }
+        .encode()
+    }
 
     fn sid(raw: &str) -> SessionId {
         SessionId::parse(raw).expect("valid id")

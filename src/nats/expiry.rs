@@ -22,7 +22,14 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::Operation;
 
-use crate::nats::NatsCoordinator;
+use super::{entry, Inner, NatsCoordinator, Read, Step};
+use crate::{
+    decision::{self, Decision, Expired, ExpiryDecision, Stamp},
+    error::CoordError,
+    ids::{ResponseId, SessionId},
+    session::Session,
+    shared::Clock,
+};
 
 /// The lease's key (outside the session key space).
 const LEASE_KEY: &str = "lease.expirer";
@@ -102,6 +109,69 @@ pub(super) async fn run(coordinator: NatsCoordinator, stop: impl std::future::Fu
             if let Err(error) = inner.expire(&id).await {
                 tracing::warn!(session_id = %id, %error, "expiry deferred");
             }
+        }
+    }
+}
+
+impl Inner {
+    /// Expires or forgets `id` if, read fresh from the bucket, it is due
+    /// (the shared expiry decision, `decision::decide_expiry`), through the
+    /// same compare-and-set path as every call.
+    pub(super) async fn expire(&self, id: &SessionId) -> Result<(), CoordError> {
+        let _serialized = self.locks.lock(id).await;
+        let expired = self
+            .compare_and_set(id, None, self.patience(), |read| {
+                self.decide_expiry(id, read)
+            })
+            .await?;
+        if let Some(decision) = expired {
+            self.count(&decision::EXPIRY, &decision);
+        }
+        Ok(())
+    }
+
+    /// One attempt of expiry on what was read: nothing to do, forget the
+    /// tombstone, or write the expiry's teardown (its decision).
+    fn decide_expiry(&self, id: &SessionId, read: Read) -> Step<Option<Decision>> {
+        let (revision, entry) = match read {
+            Read::Live { revision, entry } => (revision, entry),
+            Read::Absent { .. } => return Step::Stands(Ok(None)),
+        };
+        let now = self.now();
+        let mut session = Session::from_persisted(entry.persisted);
+        session.remember_live_since(entry.unix_nanos);
+        let ready = match decision::decide_expiry(&mut session, id, now, self.ttls) {
+            ExpiryDecision::NotDue { .. } => return Step::Stands(Ok(None)),
+            ExpiryDecision::Forget => {
+                return Step::Purge {
+                    expected: revision,
+                    answer: None,
+                }
+            }
+            ExpiryDecision::Expire(ready) => ready,
+        };
+        let nanos = Clock::unix_nanos();
+        let stamp = Stamp {
+            first_seq: 0,
+            unix_nanos: nanos,
+            // A teardown starts nothing.
+            new_response: ResponseId::MIN,
+        };
+        let Expired { decision, .. } = ready.apply(stamp, 0);
+        let expired = entry::Entry {
+            persisted: session.persisted(),
+            last_response: entry.last_response,
+            events: decision
+                .change()
+                .map(|change| change.kinds.to_vec())
+                .unwrap_or_default(),
+            unix_nanos: nanos,
+        };
+        Step::Write {
+            expected: revision,
+            entry: expired,
+            cache: false,
+            answer: Some(decision),
         }
     }
 }

@@ -15,7 +15,7 @@
 //! of silently missing events.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     ops::Bound,
     sync::{Arc, PoisonError},
 };
@@ -24,11 +24,11 @@ use tokio::sync::watch;
 
 use crate::{
     error::CoordError,
-    events::{EventLog, Feed, FeedReceiver, OnDrop, Scope, SharedEvent, Subscription},
+    events::{EventLog, HoldsFeeds, LiveFeed, SessionFeeds, SharedEvent, Subscription},
     ids::{SessionId, SessionScope},
     machine::Phase,
     nats::entry::{self, Entry},
-    session::{Millis, SessionSnapshot},
+    session::{Millis, SessionSnapshot, Ttls},
     stats::PhaseCounts,
     sync::Mutex,
 };
@@ -85,7 +85,7 @@ pub enum KeyUpdate {
 pub struct MirrorState {
     sessions: BTreeMap<SessionId, Known>,
     /// Feeds of the sessions watched through this replica.
-    watchers: HashMap<SessionId, Arc<Feed>>,
+    watchers: SessionFeeds,
     /// The last stream sequence applied.
     pub(super) stream_seq: u64,
     counts: PhaseCounts,
@@ -103,15 +103,6 @@ impl MirrorState {
         self.stream_seq
     }
 
-    fn count(&mut self, phase: Phase, delta: i64) {
-        let slot = match phase {
-            Phase::Idle => &mut self.counts.idle,
-            Phase::Active(_) => &mut self.counts.active,
-            Phase::Terminated => &mut self.counts.terminated,
-        };
-        *slot = slot.saturating_add_signed(delta);
-    }
-
     /// Applies one message; `None` if it was already applied.
     pub(super) fn apply(
         &mut self,
@@ -125,9 +116,8 @@ impl MirrorState {
         self.stream_seq = stream_seq;
         let entry = match change {
             KeyUpdate::Removed => {
-                if let Some(old) = self.sessions.remove(&id) {
-                    self.count(old.phase, -1);
-                }
+                let old = self.sessions.remove(&id);
+                self.counts.moved(old.map(|old| old.phase), None);
                 return Some(Applied {
                     events: Vec::new(),
                     gap: false,
@@ -155,10 +145,9 @@ impl MirrorState {
             stored_at: stream_seq,
             replaced: self.sessions.get(&id).map_or(0, |old| old.stored_at),
         };
-        if let Some(old) = self.sessions.insert(id, known) {
-            self.count(old.phase, -1);
-        }
-        self.count(known.phase, 1);
+        let old = self.sessions.insert(id, known);
+        self.counts
+            .moved(old.map(|old| old.phase), Some(known.phase));
         Some(Applied { events, gap })
     }
 }
@@ -197,12 +186,9 @@ impl Mirror {
         if applied.gap {
             tracing::warn!(session_id = %id, stream_seq, "events left the stream before this replica read them; ending open watches");
             self.log.break_watches();
-            for (_, feed) in state.watchers.drain() {
-                feed.close();
-            }
+            state.watchers.close_all();
         }
-        self.log
-            .publish(state.watchers.get(&id).map(Arc::as_ref), &applied.events);
+        self.log.publish(state.watchers.get(&id), &applied.events);
         self.log.advance(entry::last_seq_of_write(stream_seq));
         drop(state);
         self.progress.send_replace(stream_seq);
@@ -298,63 +284,28 @@ impl Mirror {
         tombstone: Millis,
         limit: usize,
     ) -> Vec<SessionId> {
+        let ttls = Ttls { idle, tombstone };
         let state = self.lock();
         state
             .sessions
             .iter()
-            .filter(|(_, known)| {
-                let ttl = match known.phase {
-                    Phase::Terminated => tombstone,
-                    Phase::Idle | Phase::Active(_) => idle,
-                };
-                now > known.since.saturating_add(ttl)
-            })
+            .filter(|(_, known)| now > ttls.deadline(known.phase, known.since))
             .map(|(id, _)| id.clone())
             .take(limit)
             .collect()
     }
 
-    /// Live events of one session, from now; `OnDrop` releases its feed.
-    pub fn subscribe_session(self: &Arc<Self>, id: &SessionId) -> (FeedReceiver, OnDrop) {
-        let mut state = self.lock();
-        let live = state
+    /// Live events of one session, from now, until the watch made from
+    /// them ends (`LiveFeed::into_subscription`, with [`Mirror::log`]).
+    pub(crate) fn subscribe_session(self: &Arc<Self>, id: &SessionId) -> LiveFeed {
+        self.lock()
             .watchers
-            .entry(id.clone())
-            .or_insert_with(|| Feed::new(self.session_watch_buffer))
-            .subscribe();
-        drop(state);
-        let mirror = Arc::clone(self);
-        let released = id.clone();
-        let release = OnDrop::new(move || {
-            let mut state = mirror.lock();
-            if state
-                .watchers
-                .get(&released)
-                .is_some_and(|feed| feed.receiver_count() == 0)
-            {
-                state.watchers.remove(&released);
-            }
-        });
-        (live, release)
+            .subscribe(self, id, self.session_watch_buffer)
     }
 
-    /// A session watch: `backlog` (from the bucket) then live events beyond
-    /// both `scope` and the backlog (see `Scope::after_backlog`).
-    pub(crate) fn session_subscription(
-        &self,
-        backlog: std::collections::VecDeque<SharedEvent>,
-        live: FeedReceiver,
-        release: OnDrop,
-        scope: Scope,
-        terminated: bool,
-    ) -> Subscription {
-        let subscription =
-            Subscription::new(scope, backlog, live, Arc::clone(&self.log), Some(release));
-        if terminated {
-            subscription.finish_after_backlog()
-        } else {
-            subscription
-        }
+    /// The event log this mirror publishes to.
+    pub(crate) fn log(&self) -> &Arc<EventLog> {
+        &self.log
     }
 
     pub fn watch_all(
@@ -363,6 +314,12 @@ impl Mirror {
         after_seq: Option<u64>,
     ) -> Result<Subscription, CoordError> {
         self.log.subscribe_all_within(scope, after_seq)
+    }
+}
+
+impl HoldsFeeds for Mirror {
+    fn with_feeds(&self, _: &SessionId, f: impl FnOnce(&mut SessionFeeds)) {
+        f(&mut self.lock().watchers);
     }
 }
 

@@ -2,7 +2,7 @@
 //! bucket handed over to this replica's mirror, and every session's from
 //! the mirror (the handover rule is the shared one, `Scope::after_backlog`).
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, sync::Arc};
 
 use async_nats::jetstream::kv::Operation;
 use tokio_stream::StreamExt as _;
@@ -46,7 +46,7 @@ impl NatsCoordinator {
             Ok(_) | Err(CoordError::SessionNotFound(_)) => {}
             Err(error) => return Err(error),
         }
-        let (live, release) = self.inner.mirror.subscribe_session(id);
+        let live = self.inner.mirror.subscribe_session(id);
         let key = entry::key(id);
         let mut patience = self.inner.patience();
         let read = self.inner.read(id, &key, &mut patience).await?;
@@ -65,11 +65,10 @@ impl NatsCoordinator {
             Some(after) if after < current => self.inner.history_after(id, &key, after).await?,
             _ => VecDeque::new(),
         };
-        Ok(self.inner.mirror.session_subscription(
-            backlog,
-            live,
-            release,
+        Ok(live.into_subscription(
             Scope::session(after_revision, current),
+            backlog,
+            Arc::clone(self.inner.mirror.log()),
             terminated,
         ))
     }

@@ -2,7 +2,7 @@
 //! entries, worked through in batches with the shared expiry decision
 //! (`decision::decide_expiry`), and the task that sleeps until the next one.
 
-use std::{cmp::Reverse, sync::Arc, time::Duration};
+use std::{cmp::Reverse, time::Duration};
 
 use super::{Inner, Registry, Shard};
 use crate::{
@@ -104,7 +104,7 @@ impl Inner {
                         decision,
                         next_check,
                     } = ready.apply(stamp, history);
-                    let watchers = watchers.get(id.as_str()).map(Arc::as_ref);
+                    let watchers = watchers.get(&id);
                     let call = &decision::EXPIRY;
                     Self::carry_out(watchers, stats, Some(append), &id, call, &decision);
                     self.file_expiry(expiry, session, &id, next_check);

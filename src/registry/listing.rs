@@ -4,7 +4,12 @@
 use std::{collections::BinaryHeap, hash::BuildHasher};
 
 use super::Registry;
-use crate::{error::CoordError, ids::SessionScope, session::SessionSnapshot, shared::PageCursor};
+use crate::{
+    error::CoordError,
+    ids::{SessionId, SessionScope},
+    session::SessionSnapshot,
+    shared::PageCursor,
+};
 
 /// One page of ListSessions.
 #[derive(Clone, Debug)]
@@ -59,27 +64,9 @@ impl Registry {
             let guard = self.inner.lock_shard(shard);
             // The `wanted + 1` smallest keys past the cursor: one more than
             // needed tells whether this shard has more.
-            let mut smallest: BinaryHeap<(u64, &str)> = BinaryHeap::with_capacity(wanted + 1);
-            for id in guard.sessions.keys() {
-                if !scope.contains(id) {
-                    continue;
-                }
-                let key = (self.inner.hasher.hash_one(id.as_str()), id.as_str());
-                if after
-                    .as_ref()
-                    .is_some_and(|(hash, last)| key <= (*hash, last.as_str()))
-                {
-                    continue;
-                }
-                if smallest.len() <= wanted {
-                    smallest.push(key);
-                } else if smallest.peek().is_some_and(|largest| key < *largest) {
-                    smallest.pop();
-                    smallest.push(key);
-                }
-            }
-            let more_here = smallest.len() > wanted;
-            let mut keys = smallest.into_sorted_vec();
+            let in_scope = guard.sessions.keys().filter(|id| scope.contains(id));
+            let mut keys = self.smallest_keys(in_scope, after.as_ref(), wanted + 1);
+            let more_here = keys.len() > wanted;
             keys.truncate(wanted);
             let mut last = None;
             for (hash, id) in keys {
@@ -113,5 +100,29 @@ impl Registry {
             next,
             seq,
         })
+    }
+
+    /// The `count` smallest (hash, id) listing keys of `ids` past `after`,
+    /// smallest first.
+    fn smallest_keys<'a>(
+        &self,
+        ids: impl Iterator<Item = &'a SessionId>,
+        after: Option<&(u64, SessionId)>,
+        count: usize,
+    ) -> Vec<(u64, &'a str)> {
+        let mut smallest: BinaryHeap<(u64, &str)> = BinaryHeap::with_capacity(count);
+        for id in ids {
+            let key = (self.inner.hasher.hash_one(id.as_str()), id.as_str());
+            if after.is_some_and(|(hash, last)| key <= (*hash, last.as_str())) {
+                continue;
+            }
+            if smallest.len() < count {
+                smallest.push(key);
+            } else if smallest.peek().is_some_and(|largest| key < *largest) {
+                smallest.pop();
+                smallest.push(key);
+            }
+        }
+        smallest.into_sorted_vec()
     }
 }

@@ -1,12 +1,13 @@
 //! Watches on the registry: a session's retained events handed over to its
-//! feed under the shard lock, and the event log's watch-all.
+//! feed under the shard lock (the shard's `SessionFeeds`, released through
+//! it), and the event log's watch-all.
 
 use std::{collections::VecDeque, sync::Arc};
 
 use super::{Inner, Registry};
 use crate::{
     error::CoordError,
-    events::{Feed, OnDrop, Scope, Subscription},
+    events::{HoldsFeeds, Scope, SessionFeeds, Subscription},
     ids::{SessionId, SessionScope},
     machine::Phase,
 };
@@ -20,8 +21,7 @@ impl Registry {
         after_revision: Option<u64>,
     ) -> Result<Subscription, CoordError> {
         let now = self.inner.clock.now();
-        let index = self.inner.shard_index(id);
-        let mut shard = self.inner.lock_shard(index);
+        let mut shard = self.inner.shard(id);
         let (backlog, current, terminated) = match shard.sessions.get_mut(id.as_str()) {
             Some(session) => {
                 // Opening a watch is a call naming the session; keeping it
@@ -46,27 +46,14 @@ impl Registry {
             None => (VecDeque::new(), 0, false),
         };
         let capacity = self.inner.config.session_watch_buffer.max(1);
-        let live = shard
-            .watchers
-            .entry(id.clone())
-            .or_insert_with(|| Feed::new(capacity))
-            .subscribe();
+        let live = shard.watchers.subscribe(&self.inner, id, capacity);
         drop(shard);
-        let inner = Arc::clone(&self.inner);
-        let released = id.clone();
-        let release = OnDrop::new(move || inner.release_watcher(index, &released));
-        let subscription = Subscription::new(
+        Ok(live.into_subscription(
             Scope::session(after_revision, current),
             backlog,
-            live,
             Arc::clone(&self.inner.log),
-            Some(release),
-        );
-        Ok(if terminated {
-            subscription.finish_after_backlog()
-        } else {
-            subscription
-        })
+            terminated,
+        ))
     }
 
     /// Watch every session in seq order, from `after_seq` or from now.
@@ -84,16 +71,8 @@ impl Registry {
     }
 }
 
-impl Inner {
-    /// Drops a session's feed once its last watcher is gone.
-    fn release_watcher(&self, index: usize, id: &SessionId) {
-        let mut shard = self.lock_shard(index);
-        if shard
-            .watchers
-            .get(id.as_str())
-            .is_some_and(|feed| feed.receiver_count() == 0)
-        {
-            shard.watchers.remove(id.as_str());
-        }
+impl HoldsFeeds for Inner {
+    fn with_feeds(&self, id: &SessionId, f: impl FnOnce(&mut SessionFeeds)) {
+        f(&mut self.shard(id).watchers);
     }
 }

@@ -66,8 +66,8 @@ pub fn cluster(args: ClusterArgs) -> ExitCode {
 }
 
 pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
-    use async_nats::jetstream::{self, stream::StorageType};
-    use respcoord::nats::{NatsCoordinator, NatsSettings};
+    use async_nats::jetstream;
+    use respcoord::nats::NatsSettings;
 
     println!(
         "cluster: {} callers x {} sessions each, {} replica(s), {:?} per side, {} storage, R{}",
@@ -89,29 +89,55 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("connect {}: {e}", args.nats_url))?;
     let js = jetstream::new(client);
-    let raw_bucket = bench_bucket("raw");
-    // The same stream layout the backend creates (src/nats.rs).
-    js.create_stream(jetstream::stream::Config {
-        name: format!("KV_{raw_bucket}"),
-        subjects: vec![format!("$KV.{raw_bucket}.>")],
-        max_messages_per_subject: 16,
-        storage: if args.memory_storage {
-            StorageType::Memory
-        } else {
-            StorageType::File
-        },
-        discard: jetstream::stream::DiscardPolicy::New,
-        allow_rollup: true,
-        deny_delete: true,
-        num_replicas: args.nats_replicas,
-        ..Default::default()
+    let (mut raw, followed, mut raw_reads) = raw_sides(&js, &args).await?;
+
+    // respcoord on a bucket of its own: Start, then Finish, per session.
+    let bucket = bench_bucket("coord");
+    let settings = NatsSettings {
+        url: args.nats_url.clone(),
+        bucket: bucket.clone(),
+        memory_storage: args.memory_storage,
+        replicas: args.nats_replicas,
+        ..NatsSettings::default()
+    };
+    let (urls, stops) = serve_replicas(&settings, args.replicas).await?;
+    let clients = connect_clients(&urls, args.concurrency).await?;
+    let (reading, per) = (Arc::clone(&clients), args.sessions_per_caller);
+    let mut coordinated = start_finish(&args, clients).await;
+    let mut states = drive(args.concurrency, args.duration, move |lane, n| {
+        let mut client = reading[lane].clone();
+        async move {
+            let slot = lane * per + (n as usize % per);
+            let request = pb::GetStateRequest {
+                session_id: format!("bench-{slot}"),
+            };
+            client.get_state(request).await.is_ok()
+        }
     })
-    .await
-    .map_err(|e| format!("raw bucket: {e}"))?;
-    let kv = js
-        .get_key_value(raw_bucket.as_str())
-        .await
-        .map_err(|e| format!("raw bucket: {e}"))?;
+    .await;
+    for stop in stops {
+        stop.cancel();
+    }
+    let _ = js.delete_key_value(&bucket).await;
+
+    print_ratios(
+        &mut raw,
+        &mut coordinated,
+        followed,
+        &mut raw_reads,
+        &mut states,
+    );
+    Ok(())
+}
+
+/// The baselines on a bucket of their own: raw compare-and-set, the same
+/// with a follower reading every write (and the writes it was delivered),
+/// and raw reads.
+async fn raw_sides(
+    js: &async_nats::jetstream::Context,
+    args: &ClusterArgs,
+) -> Result<(Side, (Side, u64), Side), String> {
+    let (raw_bucket, kv) = raw_bucket(js, args).await?;
     let keys = args.concurrency * args.sessions_per_caller;
     let raw_writes = RawWrites {
         kv: kv.clone(),
@@ -124,7 +150,7 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         per_caller: args.sessions_per_caller,
     };
     let per = args.sessions_per_caller;
-    let mut raw = {
+    let raw = {
         let writes = raw_writes.clone();
         drive(args.concurrency, args.duration, move |lane, n| {
             writes.clone().write(lane, n)
@@ -153,7 +179,7 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
             .map_err(|e| format!("follower: {e}"))?;
         (side, delivered)
     };
-    let mut raw_reads = {
+    let raw_reads = {
         let kv = kv.clone();
         drive(args.concurrency, args.duration, move |lane, n| {
             let kv = kv.clone();
@@ -165,20 +191,55 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         .await
     };
     let _ = js.delete_key_value(&raw_bucket).await;
+    Ok((raw, followed, raw_reads))
+}
 
-    // respcoord on a bucket of its own: Start, then Finish, per session.
-    let bucket = bench_bucket("coord");
-    let settings = NatsSettings {
-        url: args.nats_url.clone(),
-        bucket: bucket.clone(),
-        memory_storage: args.memory_storage,
-        replicas: args.nats_replicas,
-        ..NatsSettings::default()
-    };
+/// The baseline's bucket, laid out as the backend lays out its own
+/// (src/nats.rs): its name and the key-value store.
+async fn raw_bucket(
+    js: &async_nats::jetstream::Context,
+    args: &ClusterArgs,
+) -> Result<(String, async_nats::jetstream::kv::Store), String> {
+    use async_nats::jetstream::{self, stream::StorageType};
+
+    let raw_bucket = bench_bucket("raw");
+    // The same stream layout the backend creates (src/nats.rs).
+    js.create_stream(jetstream::stream::Config {
+        name: format!("KV_{raw_bucket}"),
+        subjects: vec![format!("$KV.{raw_bucket}.>")],
+        max_messages_per_subject: 16,
+        storage: if args.memory_storage {
+            StorageType::Memory
+        } else {
+            StorageType::File
+        },
+        discard: jetstream::stream::DiscardPolicy::New,
+        allow_rollup: true,
+        deny_delete: true,
+        num_replicas: args.nats_replicas,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| format!("raw bucket: {e}"))?;
+    let kv = js
+        .get_key_value(raw_bucket.as_str())
+        .await
+        .map_err(|e| format!("raw bucket: {e}"))?;
+    Ok((raw_bucket, kv))
+}
+
+/// `replicas` respcoord replicas on the bucket of `settings`, each serving
+/// on a port of its own: their URLs, and what stops each.
+async fn serve_replicas(
+    settings: &respcoord::nats::NatsSettings,
+    replicas: usize,
+) -> Result<(Vec<String>, Vec<CancellationToken>), String> {
+    use respcoord::nats::NatsCoordinator;
+
     let mut urls = Vec::new();
     let mut stops = Vec::new();
-    for _ in 0..args.replicas.max(1) {
-        let nats = NatsCoordinator::connect(&settings, CoordConfig::default())
+    for _ in 0..replicas.max(1) {
+        let nats = NatsCoordinator::connect(settings, CoordConfig::default())
             .await
             .map_err(|e| e.to_string())?;
         let listener = TcpListener::bind("127.0.0.1:0")
@@ -199,8 +260,13 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         urls.push(format!("http://{addr}"));
         stops.push(stop);
     }
+    Ok((urls, stops))
+}
+
+/// One client per caller, the callers spread over the replicas.
+async fn connect_clients(urls: &[String], concurrency: usize) -> Result<Arc<Vec<Client>>, String> {
     let mut clients = Vec::new();
-    for lane in 0..args.concurrency {
+    for lane in 0..concurrency {
         let url = &urls[lane % urls.len()];
         let channel = Endpoint::from_shared(url.clone())
             .map_err(|e| e.to_string())?
@@ -209,14 +275,22 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
             .map_err(|e| format!("{url}: {e}"))?;
         clients.push(Client::new(channel));
     }
-    let clients = Arc::new(clients);
-    let reading = Arc::clone(&clients);
+    Ok(Arc::new(clients))
+}
+
+/// Each caller's sessions in turn: a Start, then a Finish of what it
+/// started.
+async fn start_finish(args: &ClusterArgs, clients: Arc<Vec<Client>>) -> Side {
+    let (keys, per) = (
+        args.concurrency * args.sessions_per_caller,
+        args.sessions_per_caller,
+    );
     let active: Arc<Vec<std::sync::atomic::AtomicU64>> = Arc::new(
         (0..keys)
             .map(|_| std::sync::atomic::AtomicU64::new(0))
             .collect(),
     );
-    let mut coordinated = drive(args.concurrency, args.duration, move |lane, n| {
+    drive(args.concurrency, args.duration, move |lane, n| {
         let mut client = clients[lane].clone();
         let active = Arc::clone(&active);
         async move {
@@ -248,23 +322,17 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
             }
         }
     })
-    .await;
-    let mut states = drive(args.concurrency, args.duration, move |lane, n| {
-        let mut client = reading[lane].clone();
-        async move {
-            let slot = lane * per + (n as usize % per);
-            let request = pb::GetStateRequest {
-                session_id: format!("bench-{slot}"),
-            };
-            client.get_state(request).await.is_ok()
-        }
-    })
-    .await;
-    for stop in stops {
-        stop.cancel();
-    }
-    let _ = js.delete_key_value(&bucket).await;
+    .await
+}
 
+/// The figures, and respcoord's against the baselines'.
+fn print_ratios(
+    raw: &mut Side,
+    coordinated: &mut Side,
+    followed: (Side, u64),
+    raw_reads: &mut Side,
+    states: &mut Side,
+) {
     let (raw_rate, raw_p99) = raw.print("raw KV CAS");
     let (rate, p99) = coordinated.print("respcoord (nats) calls");
     println!(
@@ -287,7 +355,6 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         state_p99 as f64 / (read_p99.max(1)) as f64,
         state_rate / raw_rate.max(1e-9)
     );
-    Ok(())
 }
 
 /// The baseline's compare-and-set: each caller cycles over its keys with

@@ -623,63 +623,15 @@ async fn run(args: &FailoverArgs, binary: &Path, fault: Fault) -> Result<String,
         request_timeout: args.nats_timeout,
         ..Default::default()
     };
-    let (mut replicas, ready_by) = (Vec::new(), Instant::now() + Duration::from_secs(30));
-    while replicas.len() < 2 {
-        match NatsCoordinator::connect(&settings, CoordConfig::default()).await {
-            Ok(replica) => replicas.push(replica),
-            Err(error) if Instant::now() > ready_by => return Err(format!("no cluster: {error}")),
-            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    }
+    let replicas = connect_replicas(&settings).await?;
     let probe = Probe::start(&cluster.urls(), &format!("KV_{bucket}")).await?;
     probe.settled().await?;
-    let (mut endpoints, serving) = (Vec::new(), tokio_util::sync::CancellationToken::new());
-    for replica in &replicas {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| e.to_string())?;
-        endpoints.push(format!(
-            "http://{}",
-            listener.local_addr().map_err(|e| e.to_string())?
-        ));
-        let config = ServerConfig {
-            shutdown_grace: Duration::from_secs(1),
-            ..Default::default()
-        };
-        let stop = serving.clone().cancelled_owned();
-        tokio::spawn(server::serve_coordinator(
-            replica.clone().into(),
-            config,
-            listener,
-            stop,
-        ));
-    }
-    let mut connections = Vec::new();
-    for node in &cluster.nodes {
-        let body = http_get(node.monitor, "/connz?limit=1024")
-            .await
-            .unwrap_or_default()
-            .1;
-        let body: String = body.split_whitespace().collect();
-        connections.push(body.matches("\"name\":\"respcoord\"").count());
-    }
+    let serving = tokio_util::sync::CancellationToken::new();
+    let endpoints = serve_replicas(&replicas, &serving).await?;
+    let connections = respcoord_connections(&cluster).await;
 
     let stop = Arc::new(AtomicBool::new(false));
-    let loops: Vec<_> = (0..args.gateways)
-        .map(|g| {
-            let (endpoint, session) = (
-                endpoints[g % 2].clone(),
-                format!("hot-{}", (g / 2) % args.sessions.max(1)),
-            );
-            tokio::spawn(gateway(
-                g,
-                endpoint,
-                session,
-                Arc::clone(&stop),
-                args.clone(),
-            ))
-        })
-        .collect();
+    let loops = spawn_gateways(args, &endpoints, &stop);
     let measured_from = Instant::now() + WARM_UP;
     tokio::time::sleep(WARM_UP + args.baseline).await;
     let before: Vec<_> = replicas.iter().map(NatsCoordinator::nats_stats).collect();
@@ -734,6 +686,94 @@ async fn run(args: &FailoverArgs, binary: &Path, fault: Fault) -> Result<String,
         marks.join(", ")
     );
     println!("  the replicas' NATS connections per node before the fault: {connections:?}");
+    print_replica_counters(&replicas, &before);
+    println!("  {}", report.details());
+    Ok(report.row(fault, new_leader, args.gateways))
+}
+
+/// The gateways, each calling one replica on its hot session until `stop`.
+fn spawn_gateways(
+    args: &FailoverArgs,
+    endpoints: &[String],
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Result<Vec<Attempt>, String>>> {
+    (0..args.gateways)
+        .map(|g| {
+            let (endpoint, session) = (
+                endpoints[g % 2].clone(),
+                format!("hot-{}", (g / 2) % args.sessions.max(1)),
+            );
+            tokio::spawn(gateway(
+                g,
+                endpoint,
+                session,
+                Arc::clone(stop),
+                args.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// The two replicas the gateways call, once the cluster takes them (30 s
+/// at most).
+async fn connect_replicas(settings: &NatsSettings) -> Result<Vec<NatsCoordinator>, String> {
+    let (mut replicas, ready_by) = (Vec::new(), Instant::now() + Duration::from_secs(30));
+    while replicas.len() < 2 {
+        match NatsCoordinator::connect(settings, CoordConfig::default()).await {
+            Ok(replica) => replicas.push(replica),
+            Err(error) if Instant::now() > ready_by => return Err(format!("no cluster: {error}")),
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+    Ok(replicas)
+}
+
+/// Serves each replica on a port of its own until `serving` is cancelled:
+/// their endpoints.
+async fn serve_replicas(
+    replicas: &[NatsCoordinator],
+    serving: &tokio_util::sync::CancellationToken,
+) -> Result<Vec<String>, String> {
+    let mut endpoints = Vec::new();
+    for replica in replicas {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string())?;
+        endpoints.push(format!(
+            "http://{}",
+            listener.local_addr().map_err(|e| e.to_string())?
+        ));
+        let config = ServerConfig {
+            shutdown_grace: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let stop = serving.clone().cancelled_owned();
+        tokio::spawn(server::serve_coordinator(
+            replica.clone().into(),
+            config,
+            listener,
+            stop,
+        ));
+    }
+    Ok(endpoints)
+}
+
+/// The replicas' NATS connections on each node, by its monitoring port.
+async fn respcoord_connections(cluster: &Cluster) -> Vec<usize> {
+    let mut connections = Vec::new();
+    for node in &cluster.nodes {
+        let body = http_get(node.monitor, "/connz?limit=1024")
+            .await
+            .unwrap_or_default()
+            .1;
+        let body: String = body.split_whitespace().collect();
+        connections.push(body.matches("\"name\":\"respcoord\"").count());
+    }
+    connections
+}
+
+/// What each replica's NATS counters moved by since `before`.
+fn print_replica_counters(replicas: &[NatsCoordinator], before: &[respcoord::nats::NatsCounts]) {
     for (i, replica) in replicas.iter().enumerate() {
         let (b, a) = (&before[i], replica.nats_stats());
         let retries = (0..RETRY_REASONS.len()).map(|r| {
@@ -752,8 +792,6 @@ async fn run(args: &FailoverArgs, binary: &Path, fault: Fault) -> Result<String,
             a.follower_restarts - b.follower_restarts,
         );
     }
-    println!("  {}", report.details());
-    Ok(report.row(fault, new_leader, args.gateways))
 }
 
 // ---- the report ----

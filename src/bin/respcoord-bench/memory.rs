@@ -60,19 +60,8 @@ pub fn memory(args: MemoryArgs) -> ExitCode {
     );
     let before = rss_bytes();
     let began = Instant::now();
-    for i in 0..sessions {
-        let id = SessionId::parse(&uuid_like(i)).expect("valid id");
-        let started = match registry.start(&id, Source::Client, None) {
-            Ok(started) => started,
-            Err(error) => {
-                eprintln!("error: start #{i}: {error}");
-                return ExitCode::FAILURE;
-            }
-        };
-        if let Err(error) = registry.finish(&id, Some(started.response), FinishStatus::Completed) {
-            eprintln!("error: finish #{i}: {error}");
-            return ExitCode::FAILURE;
-        }
+    if let Err(code) = populate(&registry, sessions) {
+        return code;
     }
     let elapsed = began.elapsed();
     let after = rss_bytes();
@@ -92,32 +81,7 @@ pub fn memory(args: MemoryArgs) -> ExitCode {
     println!("  RSS per session: {per_session:.0} bytes");
     println!("  sessions held: {}", registry.session_count());
 
-    let mut idle_line = None;
-    if !args.idle.is_zero() {
-        let running = start_respcoord(&runtime, registry.clone(), 0);
-        // Let the server and the expirer settle before measuring.
-        std::thread::sleep(Duration::from_secs(1));
-        let cpu0 = process_cpu();
-        let fine0 = threads_cpu();
-        let wall0 = Instant::now();
-        std::thread::sleep(args.idle);
-        let wall = wall0.elapsed();
-        let cpu = process_cpu().saturating_sub(cpu0);
-        let fine = threads_cpu().saturating_sub(fine0);
-        let percent = 100.0 * cpu.as_secs_f64() / wall.as_secs_f64();
-        let fine_percent = 100.0 * fine.as_secs_f64() / wall.as_secs_f64();
-        println!(
-            "  idle: server on {} with {} sessions, no traffic, {:.1?}: process CPU {:?} = {percent:.3}% of one core \
-             (per-thread schedstat: {:?} = {fine_percent:.3}%)",
-            running.url,
-            registry.session_count(),
-            wall,
-            cpu,
-            fine
-        );
-        idle_line = Some(percent.max(fine_percent));
-        running.shut(&runtime);
-    }
+    let idle_line = (!args.idle.is_zero()).then(|| measure_idle(&runtime, &registry, args.idle));
 
     println!();
     println!("| target | goal | measured | verdict |");
@@ -133,6 +97,53 @@ pub fn memory(args: MemoryArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// One Start and one Finish on each of `sessions` sessions.
+fn populate(registry: &Registry, sessions: usize) -> Result<(), ExitCode> {
+    for i in 0..sessions {
+        let id = SessionId::parse(&uuid_like(i)).expect("valid id");
+        let started = match registry.start(&id, Source::Client, None) {
+            Ok(started) => started,
+            Err(error) => {
+                eprintln!("error: start #{i}: {error}");
+                return Err(ExitCode::FAILURE);
+            }
+        };
+        if let Err(error) = registry.finish(&id, Some(started.response), FinishStatus::Completed) {
+            eprintln!("error: finish #{i}: {error}");
+            return Err(ExitCode::FAILURE);
+        }
+    }
+    Ok(())
+}
+
+/// The CPU a server over `registry` takes with no traffic, over `idle`: the
+/// larger of the process's and the per-thread figure, in % of one core.
+fn measure_idle(runtime: &tokio::runtime::Runtime, registry: &Registry, idle: Duration) -> f64 {
+    let running = start_respcoord(runtime, registry.clone(), 0);
+    // Let the server and the expirer settle before measuring.
+    std::thread::sleep(Duration::from_secs(1));
+    let cpu0 = process_cpu();
+    let fine0 = threads_cpu();
+    let wall0 = Instant::now();
+    std::thread::sleep(idle);
+    let wall = wall0.elapsed();
+    let cpu = process_cpu().saturating_sub(cpu0);
+    let fine = threads_cpu().saturating_sub(fine0);
+    let percent = 100.0 * cpu.as_secs_f64() / wall.as_secs_f64();
+    let fine_percent = 100.0 * fine.as_secs_f64() / wall.as_secs_f64();
+    println!(
+        "  idle: server on {} with {} sessions, no traffic, {:.1?}: process CPU {:?} = {percent:.3}% of one core \
+         (per-thread schedstat: {:?} = {fine_percent:.3}%)",
+        running.url,
+        registry.session_count(),
+        wall,
+        cpu,
+        fine
+    );
+    running.shut(runtime);
+    percent.max(fine_percent)
 }
 
 pub fn uuid_like(i: usize) -> String {

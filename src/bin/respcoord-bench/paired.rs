@@ -264,8 +264,7 @@ fn workloads(
         let data = scratch.join(format!("{}.bin", workload.method()));
         std::fs::write(&data, workload.frame()).map_err(|e| format!("{}: {e}", data.display()))?;
         println!("\n{} on one hot session", workload.method());
-        let mut ratios = Vec::new();
-        let mut cpu_ratios = Vec::new();
+        let (mut ratios, mut cpu_ratios) = (Vec::new(), Vec::new());
         for round in 0..args.rounds.max(1) {
             let started_before = runtime.block_on(responses_started(&mut clients[0]))?;
             let began = Instant::now();
@@ -288,24 +287,15 @@ fn workloads(
                 process_cpu_of(&empty.pid()),
             ];
             let (coord, base) = (outputs[0], outputs[1]);
-            if workload == PairedWorkload::Start {
-                let started = runtime.block_on(responses_started(&mut clients[0]))?;
-                // h2load counted only the measured part; the warm-up's
-                // Starts come on top.
-                if started.saturating_sub(started_before) < coord.succeeded {
-                    return Err(format!(
-                        "h2load counted {} Starts as succeeded, respcoord applied {}",
-                        coord.succeeded,
-                        started.saturating_sub(started_before)
-                    ));
-                }
-            }
-            if coord.failed > 0 || base.failed > 0 {
-                return Err(format!(
-                    "round {round}: failed requests: respcoord {}, empty {}",
-                    coord.failed, base.failed
-                ));
-            }
+            let applied = match workload {
+                PairedWorkload::Start => Some(
+                    runtime
+                        .block_on(responses_started(&mut clients[0]))?
+                        .saturating_sub(started_before),
+                ),
+                _ => None,
+            };
+            check_round(round, applied, coord, base)?;
             let cpu_per_call = |index: usize, driven: Driven| {
                 let cpu = cpu_after[index].saturating_sub(cpu_before[index]);
                 cpu.as_secs_f64() * 1e6 / driven.succeeded.max(1) as f64
@@ -333,6 +323,32 @@ fn workloads(
     println!("\nworkload     throughput ratio  server CPU/call ratio");
     for (workload, ratio, cpu) in summary {
         println!("{:<12} {ratio:>15.3}x  {cpu:>20.3}x", workload.method());
+    }
+    Ok(())
+}
+
+/// Refuses a round whose figures cannot be trusted: fewer Starts applied
+/// (`applied`, for the Start workload) than h2load counted as succeeded, or
+/// failed requests.
+fn check_round(
+    round: impl std::fmt::Display,
+    applied: Option<u64>,
+    coord: Driven,
+    base: Driven,
+) -> Result<(), String> {
+    // h2load counted only the measured part; the warm-up's Starts come on
+    // top.
+    if let Some(applied) = applied.filter(|&applied| applied < coord.succeeded) {
+        return Err(format!(
+            "h2load counted {} Starts as succeeded, respcoord applied {applied}",
+            coord.succeeded,
+        ));
+    }
+    if coord.failed > 0 || base.failed > 0 {
+        return Err(format!(
+            "round {round}: failed requests: respcoord {}, empty {}",
+            coord.failed, base.failed
+        ));
     }
     Ok(())
 }

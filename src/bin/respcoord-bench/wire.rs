@@ -215,18 +215,10 @@ pub fn wire(args: WireArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let server_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.server_threads.unwrap_or(cores).max(1))
-        .thread_name(SERVER_THREADS)
-        .enable_all()
-        .build()
-        .expect("server runtime");
-    let client_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.client_threads.unwrap_or(cores).max(1))
-        .thread_name(CLIENT_THREADS)
-        .enable_all()
-        .build()
-        .expect("client runtime");
+    let server_runtime =
+        runtime(args.server_threads.unwrap_or(cores), SERVER_THREADS).expect("server runtime");
+    let client_runtime =
+        runtime(args.client_threads.unwrap_or(cores), CLIENT_THREADS).expect("client runtime");
     if let Some(endpoint) = &args.endpoint {
         if let Err(error) = client_runtime.block_on(check_loopback(endpoint)) {
             eprintln!("error: {error}");
@@ -248,6 +240,45 @@ pub fn wire(args: WireArgs) -> ExitCode {
             .as_deref()
             .map_or("in-process (fresh registry, default config, per workload and round)".to_owned(), |e| format!("at {e}")),
     );
+    let servers = servers_to_run(&args, &client_runtime);
+    let empty = start_empty(&server_runtime);
+    let runs = Runs {
+        args: &args,
+        servers,
+        server_runtime: &server_runtime,
+        client_runtime: &client_runtime,
+        empty_url: empty.url.clone(),
+        prefix: format!("bench-{}", std::process::id()),
+        in_process: args.endpoint.is_none(),
+    };
+    let mut outcomes: HashMap<Workload, Outcome> = HashMap::new();
+    let mut failed = false;
+    for &workload in &args.workloads {
+        let (outcome, workload_failed) = runs.workload(workload);
+        failed |= workload_failed;
+        if let Some(outcome) = outcome {
+            outcomes.insert(workload, outcome);
+        }
+    }
+    empty.shut(&server_runtime);
+    print_summary(&outcomes);
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn runtime(threads: usize, name: &str) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name(name)
+        .enable_all()
+        .build()
+}
+
+/// The servers asked for, without the redis baseline when it is not there.
+fn servers_to_run(args: &WireArgs, client_runtime: &tokio::runtime::Runtime) -> Vec<Target> {
     let mut servers = args.servers.clone();
     if servers.contains(&Target::Redis) {
         if let Err(why) = client_runtime.block_on(redis::available(&args.redis)) {
@@ -257,124 +288,160 @@ pub fn wire(args: WireArgs) -> ExitCode {
             println!("redis + lua baseline: runs in barge-in only (M3 Start as a script)");
         }
     }
-    let empty = start_empty(&server_runtime);
-    let prefix = format!("bench-{}", std::process::id());
-    let mut outcomes: HashMap<Workload, Outcome> = HashMap::new();
-    let mut failed = false;
-    let in_process = args.endpoint.is_none();
-    for &workload in &args.workloads {
+    servers
+}
+
+/// What every workload's runs share.
+struct Runs<'a> {
+    args: &'a WireArgs,
+    servers: Vec<Target>,
+    server_runtime: &'a tokio::runtime::Runtime,
+    client_runtime: &'a tokio::runtime::Runtime,
+    empty_url: String,
+    prefix: String,
+    in_process: bool,
+}
+
+/// Each round's figures: throughput (calls/s) and p99 per target.
+type RoundFigures = HashMap<Target, (f64, Option<u64>)>;
+
+/// The per-round ratios over a workload's rounds.
+#[derive(Default)]
+struct RoundRatios {
+    throughput: Vec<f64>,
+    p99: Vec<f64>,
+    /// respcoord's and the empty server's throughput over redis's.
+    redis: Vec<(f64, f64)>,
+}
+
+impl Runs<'_> {
+    /// Every round of `workload` on every server, and what they compare to:
+    /// the outcome (when both servers ran), and whether a run failed.
+    fn workload(&self, workload: Workload) -> (Option<Outcome>, bool) {
         println!();
-        println!("== {}", workload_title(workload, &args));
+        println!("== {}", workload_title(workload, self.args));
         let mut pooled: HashMap<Target, (Sample, Delivery)> = HashMap::new();
-        let mut round_throughput_ratios = Vec::new();
-        let mut round_p99_ratios = Vec::new();
-        let mut round_redis_ratios: Vec<(f64, f64)> = Vec::new();
-        for round in 0..args.rounds.max(1) {
-            let mut order = vec![Target::Empty, Target::Respcoord, Target::Redis];
-            if round % 2 == 1 {
-                order.reverse();
-            }
-            order.retain(|target| servers.contains(target));
-            if workload != Workload::BargeIn {
-                order.retain(|&target| target != Target::Redis);
-            }
-            let mut this_round: HashMap<Target, (f64, Option<u64>)> = HashMap::new();
-            for target in order {
-                let tag = format!("{prefix}-r{round}-{}", target.name());
-                let plan = Arc::new(Plan {
-                    workload,
-                    sessions: session_names(&tag, "s", args.sessions.max(1)),
-                    hot: session_names(&tag, "hot", args.hot_sessions.max(1)),
-                    cancel_every: args.cancel_every,
-                    warmup: args.warmup,
-                    duration: args.duration,
-                });
-                // A fresh respcoord per run, up only while its own load runs.
-                let local = match (target, &args.endpoint) {
-                    (Target::Respcoord, None) => Some(start_respcoord(
-                        &server_runtime,
-                        Registry::new(CoordConfig::default()),
-                        // Room for every watch the run opens.
-                        args.session_watchers + 1,
-                    )),
-                    _ => None,
-                };
-                let url = match (target, &local, &args.endpoint) {
-                    (Target::Empty, _, _) => empty.url.clone(),
-                    (Target::Redis, _, _) => args.redis.clone(),
-                    (_, Some(local), _) => local.url.clone(),
-                    (_, None, Some(endpoint)) => endpoint.clone(),
-                    (_, None, None) => unreachable!("respcoord is local or an endpoint"),
-                };
-                let result = client_runtime.block_on(run_target(target, url, plan, args.clone()));
-                if let Some(local) = local {
-                    local.shut(&server_runtime);
-                }
-                match result {
-                    Ok(mut result) => {
-                        // Redis runs in its own process.
-                        let server_in_process =
-                            target == Target::Empty || (target == Target::Respcoord && in_process);
-                        let (line, p) = describe(target, &mut result.load, server_in_process);
-                        println!("  round {round}  {line}");
-                        this_round.insert(target, (result.load.throughput(), p.map(|p| p.p99)));
-                        if let Some(delivery) = &mut result.delivery {
-                            if target == Target::Respcoord {
-                                print_delivery("           ", delivery);
-                            }
-                        }
-                        let entry = pooled.entry(target).or_default();
-                        entry.0.merge(result.load);
-                        if let Some(delivery) = result.delivery {
-                            entry.1.merge(delivery);
-                        }
-                    }
-                    Err(error) => {
-                        eprintln!("  round {round}  {}: FAILED: {error}", target.name());
-                        failed = true;
-                    }
-                }
-            }
-            if let Some((redis, _)) = this_round.get(&Target::Redis) {
-                let over =
-                    |target: Target| this_round.get(&target).map(|(t, _)| t / redis.max(1e-9));
-                if let (Some(coord), Some(empty)) = (over(Target::Respcoord), over(Target::Empty)) {
-                    round_redis_ratios.push((coord, empty));
-                    println!(
-                        "  round {round}  throughput over redis: respcoord {coord:.3}x, empty {empty:.3}x (the protocol's bound)"
-                    );
-                }
-            }
-            if let (Some((e, e99)), Some((c, c99))) = (
-                this_round.get(&Target::Empty),
-                this_round.get(&Target::Respcoord),
-            ) {
-                let throughput = c / e.max(1e-9);
-                round_throughput_ratios.push(throughput);
-                let p99 = match (e99, c99) {
-                    (Some(e), Some(c)) => *c as f64 / (*e).max(1) as f64,
-                    _ => f64::NAN,
-                };
-                round_p99_ratios.push(p99);
-                println!("  round {round}  ratio respcoord/empty: throughput {throughput:.3}x, p99 {p99:.3}x");
-            }
+        let mut ratios = RoundRatios::default();
+        let mut failed = false;
+        for round in 0..self.args.rounds.max(1) {
+            let this_round = self.round(workload, round, &mut pooled, &mut failed);
+            ratios.record(round, &this_round);
         }
         println!("  load average now: {}", loadavg());
-        if !round_redis_ratios.is_empty() {
-            let mut coord: Vec<f64> = round_redis_ratios.iter().map(|r| r.0).collect();
-            let mut empty: Vec<f64> = round_redis_ratios.iter().map(|r| r.1).collect();
-            println!(
-                "  MEDIAN over {} rounds, throughput over redis + lua: respcoord {:.3}x, empty server {:.3}x (the protocol's bound)",
-                round_redis_ratios.len(),
-                median(&mut coord),
-                median(&mut empty)
-            );
+        ratios.print_redis_median();
+        (self.pooled_outcome(workload, pooled, ratios), failed)
+    }
+
+    /// One round: each server in turn (in reverse every other round), its
+    /// samples pooled.
+    fn round(
+        &self,
+        workload: Workload,
+        round: usize,
+        pooled: &mut HashMap<Target, (Sample, Delivery)>,
+        failed: &mut bool,
+    ) -> RoundFigures {
+        let mut order = vec![Target::Empty, Target::Respcoord, Target::Redis];
+        if round % 2 == 1 {
+            order.reverse();
         }
+        order.retain(|target| self.servers.contains(target));
+        if workload != Workload::BargeIn {
+            order.retain(|&target| target != Target::Redis);
+        }
+        let in_process = self.in_process;
+        let mut this_round: RoundFigures = HashMap::new();
+        for target in order {
+            match self.run_once(workload, round, target) {
+                Ok(mut result) => {
+                    // Redis runs in its own process.
+                    let server_in_process =
+                        target == Target::Empty || (target == Target::Respcoord && in_process);
+                    let (line, p) = describe(target, &mut result.load, server_in_process);
+                    println!("  round {round}  {line}");
+                    this_round.insert(target, (result.load.throughput(), p.map(|p| p.p99)));
+                    if let Some(delivery) = &mut result.delivery {
+                        if target == Target::Respcoord {
+                            print_delivery("           ", delivery);
+                        }
+                    }
+                    let entry = pooled.entry(target).or_default();
+                    entry.0.merge(result.load);
+                    if let Some(delivery) = result.delivery {
+                        entry.1.merge(delivery);
+                    }
+                }
+                Err(error) => {
+                    eprintln!("  round {round}  {}: FAILED: {error}", target.name());
+                    *failed = true;
+                }
+            }
+        }
+        this_round
+    }
+
+    /// One server's load of one round; a fresh in-process respcoord is up
+    /// only while its own load runs.
+    fn run_once(
+        &self,
+        workload: Workload,
+        round: usize,
+        target: Target,
+    ) -> Result<load::RunResult, String> {
+        let args = self.args;
+        let tag = format!("{}-r{round}-{}", self.prefix, target.name());
+        let plan = Arc::new(Plan {
+            workload,
+            sessions: session_names(&tag, "s", args.sessions.max(1)),
+            hot: session_names(&tag, "hot", args.hot_sessions.max(1)),
+            cancel_every: args.cancel_every,
+            warmup: args.warmup,
+            duration: args.duration,
+        });
+        let local = match (target, &args.endpoint) {
+            (Target::Respcoord, None) => Some(start_respcoord(
+                self.server_runtime,
+                Registry::new(CoordConfig::default()),
+                // Room for every watch the run opens.
+                args.session_watchers + 1,
+            )),
+            _ => None,
+        };
+        let url = match (target, &local, &args.endpoint) {
+            (Target::Empty, _, _) => self.empty_url.clone(),
+            (Target::Redis, _, _) => args.redis.clone(),
+            (_, Some(local), _) => local.url.clone(),
+            (_, None, Some(endpoint)) => endpoint.clone(),
+            (_, None, None) => unreachable!("respcoord is local or an endpoint"),
+        };
+        let result = self
+            .client_runtime
+            .block_on(run_target(target, url, plan, args.clone()));
+        if let Some(local) = local {
+            local.shut(self.server_runtime);
+        }
+        result
+    }
+
+    /// The pooled figures of both servers over every round, and the
+    /// workload's outcome; `None` unless both ran.
+    fn pooled_outcome(
+        &self,
+        workload: Workload,
+        mut pooled: HashMap<Target, (Sample, Delivery)>,
+        ratios: RoundRatios,
+    ) -> Option<Outcome> {
+        let in_process = self.in_process;
+        let RoundRatios {
+            throughput: mut round_throughput_ratios,
+            p99: mut round_p99_ratios,
+            ..
+        } = ratios;
         let (Some((mut empty_sample, _)), Some((mut coord_sample, delivery))) = (
             pooled.remove(&Target::Empty),
             pooled.remove(&Target::Respcoord),
         ) else {
-            continue;
+            return None;
         };
         let (line, empty_p) = describe(Target::Empty, &mut empty_sample, true);
         println!("  pooled   {line}");
@@ -415,24 +482,59 @@ pub fn wire(args: WireArgs) -> ExitCode {
         if let Some(delivery) = &mut delivery {
             print_delivery("  pooled ", delivery);
         }
-        outcomes.insert(
-            workload,
-            Outcome {
-                throughput_ratio,
-                p99_ratio,
-                pooled_throughput_ratio,
-                pooled_p99_ratio,
-                server_cpu_ratio,
-                empty_p99: empty_p.as_ref().map(|p| p.p99),
-                delivery,
-            },
-        );
+        Some(Outcome {
+            throughput_ratio,
+            p99_ratio,
+            pooled_throughput_ratio,
+            pooled_p99_ratio,
+            server_cpu_ratio,
+            empty_p99: empty_p.as_ref().map(|p| p.p99),
+            delivery,
+        })
     }
-    empty.shut(&server_runtime);
-    print_summary(&outcomes);
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+}
+
+impl RoundRatios {
+    /// Prints and keeps one round's ratios.
+    fn record(&mut self, round: usize, this_round: &RoundFigures) {
+        let (round_redis_ratios, round_throughput_ratios, round_p99_ratios) =
+            (&mut self.redis, &mut self.throughput, &mut self.p99);
+        if let Some((redis, _)) = this_round.get(&Target::Redis) {
+            let over = |target: Target| this_round.get(&target).map(|(t, _)| t / redis.max(1e-9));
+            if let (Some(coord), Some(empty)) = (over(Target::Respcoord), over(Target::Empty)) {
+                round_redis_ratios.push((coord, empty));
+                println!(
+                        "  round {round}  throughput over redis: respcoord {coord:.3}x, empty {empty:.3}x (the protocol's bound)"
+                    );
+            }
+        }
+        if let (Some((e, e99)), Some((c, c99))) = (
+            this_round.get(&Target::Empty),
+            this_round.get(&Target::Respcoord),
+        ) {
+            let throughput = c / e.max(1e-9);
+            round_throughput_ratios.push(throughput);
+            let p99 = match (e99, c99) {
+                (Some(e), Some(c)) => *c as f64 / (*e).max(1) as f64,
+                _ => f64::NAN,
+            };
+            round_p99_ratios.push(p99);
+            println!("  round {round}  ratio respcoord/empty: throughput {throughput:.3}x, p99 {p99:.3}x");
+        }
+    }
+
+    /// The median of the rounds' ratios over redis, when it ran.
+    fn print_redis_median(&self) {
+        let round_redis_ratios = &self.redis;
+        if !round_redis_ratios.is_empty() {
+            let mut coord: Vec<f64> = round_redis_ratios.iter().map(|r| r.0).collect();
+            let mut empty: Vec<f64> = round_redis_ratios.iter().map(|r| r.1).collect();
+            println!(
+                "  MEDIAN over {} rounds, throughput over redis + lua: respcoord {:.3}x, empty server {:.3}x (the protocol's bound)",
+                round_redis_ratios.len(),
+                median(&mut coord),
+                median(&mut empty)
+            );
+        }
     }
 }

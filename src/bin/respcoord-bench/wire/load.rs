@@ -122,56 +122,11 @@ pub async fn run(url: String, plan: Arc<Plan>, args: WireArgs) -> Result<RunResu
     prepare(&clients, &plan).await?;
 
     // Watches first, so every event of the measured window has its watchers.
-    let mut streams = Vec::new();
-    let mut memory = None;
-    if plan.workload == Workload::Watch {
-        let measured = match (&args.endpoint, args.server_pid) {
-            (None, _) => Some(("self".to_owned(), false)),
-            (Some(_), Some(pid)) => Some((pid.to_string(), true)),
-            (Some(_), None) => None,
-        };
-        let before = measured.as_ref().and_then(|(pid, _)| rss_of(pid));
-        let watchers = args.session_watchers;
-        let connections = args
-            .watch_connections
-            .unwrap_or_else(|| watchers.div_ceil(100).max(1));
-        let watch_clients: Vec<Client> = connect(&url, connections)
-            .await?
-            .into_iter()
-            .map(Client::new)
-            .collect();
-        let mut requests: Vec<(pb::WatchRequest, bool)> = (0..watchers)
-            .map(|i| {
-                let session = &plan.sessions[i * plan.sessions.len() / watchers.max(1)];
-                let request = pb::WatchRequest {
-                    session_id: session.clone(),
-                    after_revision: None,
-                    after_seq: None,
-                };
-                (request, false)
-            })
-            .collect();
-        requests.push((pb::WatchRequest::default(), true));
-        for (i, (request, watch_all)) in requests.into_iter().enumerate() {
-            let mut client = watch_clients[i % watch_clients.len()].clone();
-            let stream = client
-                .watch(request)
-                .await
-                .map_err(|s| format!("open watch: {s}"))?
-                .into_inner();
-            streams.push((stream, watch_all));
-        }
-        // Settled: every open answered, nothing else running yet.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        if let (Some((pid, server_only)), Some(before)) = (&measured, before) {
-            memory = rss_of(pid).map(|after| WatchMemory {
-                watches: streams.len() as u64,
-                before,
-                after,
-                server_only: *server_only,
-            });
-        }
-    }
+    let (streams, memory) = if plan.workload == Workload::Watch {
+        open_watches(&url, &plan, &args).await?
+    } else {
+        (Vec::new(), None)
+    };
 
     let measure_from = Instant::now() + plan.warmup;
     let until = measure_from + plan.duration;
@@ -233,20 +188,90 @@ pub async fn run(url: String, plan: Arc<Plan>, args: WireArgs) -> Result<RunResu
     let delivery = if watch_tasks.is_empty() {
         None
     } else {
-        // Let in-flight deliveries land, then close the streams.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        stop_watches.cancel();
-        let mut delivery = Delivery {
-            memory,
-            ..Delivery::default()
-        };
-        for task in watch_tasks {
-            delivery.merge(task.await.map_err(|e| e.to_string())?);
-        }
-        Some(delivery)
+        Some(collect_delivery(watch_tasks, &stop_watches, memory).await?)
     };
     Ok(RunResult { load, delivery })
 }
+
+/// Watch streams (`bool`: a watch-all), the watchers' share of the
+/// sessions and one watch-all, and what they cost the measured process's
+/// memory.
+async fn open_watches(url: &str, plan: &Plan, args: &WireArgs) -> Result<WatchStreams, String> {
+    let mut streams = Vec::new();
+    let mut memory = None;
+    let measured = match (&args.endpoint, args.server_pid) {
+        (None, _) => Some(("self".to_owned(), false)),
+        (Some(_), Some(pid)) => Some((pid.to_string(), true)),
+        (Some(_), None) => None,
+    };
+    let before = measured.as_ref().and_then(|(pid, _)| rss_of(pid));
+    let watchers = args.session_watchers;
+    let connections = args
+        .watch_connections
+        .unwrap_or_else(|| watchers.div_ceil(100).max(1));
+    let watch_clients: Vec<Client> = connect(url, connections)
+        .await?
+        .into_iter()
+        .map(Client::new)
+        .collect();
+    let mut requests: Vec<(pb::WatchRequest, bool)> = (0..watchers)
+        .map(|i| {
+            let session = &plan.sessions[i * plan.sessions.len() / watchers.max(1)];
+            let request = pb::WatchRequest {
+                session_id: session.clone(),
+                after_revision: None,
+                after_seq: None,
+            };
+            (request, false)
+        })
+        .collect();
+    requests.push((pb::WatchRequest::default(), true));
+    for (i, (request, watch_all)) in requests.into_iter().enumerate() {
+        let mut client = watch_clients[i % watch_clients.len()].clone();
+        let stream = client
+            .watch(request)
+            .await
+            .map_err(|s| format!("open watch: {s}"))?
+            .into_inner();
+        streams.push((stream, watch_all));
+    }
+    // Settled: every open answered, nothing else running yet.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    if let (Some((pid, server_only)), Some(before)) = (&measured, before) {
+        memory = rss_of(pid).map(|after| WatchMemory {
+            watches: streams.len() as u64,
+            before,
+            after,
+            server_only: *server_only,
+        });
+    }
+    Ok((streams, memory))
+}
+
+/// What the watchers saw, once in-flight deliveries landed.
+async fn collect_delivery(
+    watch_tasks: Vec<tokio::task::JoinHandle<Delivery>>,
+    stop_watches: &CancellationToken,
+    memory: Option<WatchMemory>,
+) -> Result<Delivery, String> {
+    // Let in-flight deliveries land, then close the streams.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_watches.cancel();
+    let mut delivery = Delivery {
+        memory,
+        ..Delivery::default()
+    };
+    for task in watch_tasks {
+        delivery.merge(task.await.map_err(|e| e.to_string())?);
+    }
+    Ok(delivery)
+}
+
+/// Open watch streams (`true`: a watch-all) and the memory they cost.
+type WatchStreams = (
+    Vec<(tonic::Streaming<pb::WatchResponse>, bool)>,
+    Option<WatchMemory>,
+);
 
 pub async fn connect(url: &str, count: usize) -> Result<Vec<Channel>, String> {
     let mut channels = Vec::with_capacity(count);
