@@ -664,15 +664,7 @@ impl Inner {
             (Effect::Changed { .. }, Outcome::Started { response, .. }) => response.get(),
             _ => last_response,
         };
-        let entry = entry::Entry {
-            persisted: session.persisted(),
-            last_response,
-            events: decision
-                .change()
-                .map(|change| change.kinds.to_vec())
-                .unwrap_or_default(),
-            unix_nanos: nanos,
-        };
+        let entry = entry::Entry::written(session.persisted(), last_response, &decision, nanos);
         Step::Write {
             expected,
             entry,

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use prost::Message as _;
 
 use crate::{
+    decision::Decision,
     event::{Change, SharedEvent},
     ids::{RequestId, ResponseId, SessionId},
     machine::{
@@ -127,6 +128,25 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// The entry a decided call writes: the session's record after it, the
+    /// kinds of the events it emitted (none for a touch), its time.
+    pub fn written(
+        persisted: Persisted,
+        last_response: u64,
+        decision: &Decision,
+        unix_nanos: i64,
+    ) -> Self {
+        Self {
+            persisted,
+            last_response,
+            events: decision
+                .change()
+                .map(|change| change.kinds.to_vec())
+                .unwrap_or_default(),
+            unix_nanos,
+        }
+    }
+
     /// What the transition that wrote this entry emitted.
     pub fn change(&self) -> Change {
         Change {

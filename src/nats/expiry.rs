@@ -158,15 +158,8 @@ impl Inner {
             new_response: ResponseId::MIN,
         };
         let Expired { decision, .. } = ready.apply(stamp, 0);
-        let expired = entry::Entry {
-            persisted: session.persisted(),
-            last_response: entry.last_response,
-            events: decision
-                .change()
-                .map(|change| change.kinds.to_vec())
-                .unwrap_or_default(),
-            unix_nanos: nanos,
-        };
+        let expired =
+            entry::Entry::written(session.persisted(), entry.last_response, &decision, nanos);
         Step::Write {
             expected: revision,
             entry: expired,
