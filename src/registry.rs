@@ -44,7 +44,7 @@ use crate::{
 };
 pub use crate::{
     decision::{Changed, Started},
-    shared::{Clock, CoordConfig, PageCursor, RegistryConfig},
+    shared::{Clock, CoordConfig, PageCursor},
 };
 
 /// Session ids are short strings hashed on every call, twice (shard, then

@@ -49,13 +49,13 @@ use crate::{
     metrics::{self, Metrics, Readiness, Sources},
     proto::{self, v1::response_coordinator_server::ResponseCoordinatorServer},
     registry::Registry,
-    shared::RegistryConfig,
+    shared::CoordConfig,
     web,
 };
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    pub registry: RegistryConfig,
+    pub registry: CoordConfig,
     pub watch: WatchSettings,
     /// How long in-flight calls may run after shutdown begins.
     pub shutdown_grace: Duration,
@@ -73,7 +73,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
-            registry: RegistryConfig::default(),
+            registry: CoordConfig::default(),
             watch: WatchSettings::default(),
             shutdown_grace: Duration::from_secs(10),
             limits: Limits::default(),

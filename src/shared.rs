@@ -29,12 +29,6 @@ pub struct CoordConfig {
     pub watch_all_buffer: usize,
 }
 
-/// The former name of [`CoordConfig`], from when only the memory registry
-/// took it; still named by `server.rs`, `grpc/service.rs` and
-/// `tests/e2e_watch.rs`, which are being changed elsewhere. Remove once they
-/// say `CoordConfig`.
-pub type RegistryConfig = CoordConfig;
-
 impl Default for CoordConfig {
     fn default() -> Self {
         Self {

@@ -7,7 +7,7 @@ mod common;
 use std::{collections::HashSet, time::Duration};
 
 use common::*;
-use respcoord::{grpc::WatchSettings, proto::v1 as pb, registry::RegistryConfig};
+use respcoord::{grpc::WatchSettings, proto::v1 as pb, registry::CoordConfig};
 use tonic::Code;
 
 use pb::{Source, TerminalStatus as T};
@@ -65,7 +65,7 @@ async fn session_watch_resumes_with_after_revision_exactly_once() {
 
 #[tokio::test]
 async fn after_revision_beyond_retention_is_out_of_range() {
-    let config = RegistryConfig {
+    let config = CoordConfig {
         session_history: 4,
         ..Default::default()
     };
@@ -149,7 +149,7 @@ async fn watch_all_delivers_every_session_in_seq_order_and_resumes_with_after_se
 
 #[tokio::test]
 async fn after_seq_beyond_retention_is_out_of_range() {
-    let config = RegistryConfig {
+    let config = CoordConfig {
         global_history: 4,
         ..Default::default()
     };
@@ -181,7 +181,7 @@ async fn quiet_streams_get_bookmarks_that_never_go_backwards() {
         bookmark_interval: Duration::from_millis(100),
         ..Default::default()
     };
-    let server = TestServer::with(RegistryConfig::default(), watch).await;
+    let server = TestServer::with(CoordConfig::default(), watch).await;
     let mut c = server.client().await;
     churn(&mut c, "other", 1).await;
     let mut all = watch_all(&mut c, None).await;
@@ -253,7 +253,7 @@ async fn a_watcher_that_falls_behind_is_ended_with_resource_exhausted() {
         registry::Registry,
     };
     use tokio_stream::StreamExt;
-    let registry = Registry::new(RegistryConfig {
+    let registry = Registry::new(CoordConfig {
         watch_all_buffer: 8,
         ..Default::default()
     });
@@ -562,7 +562,7 @@ async fn thousands_of_session_watches_each_get_their_own_events_and_a_stalled_on
     // Streams per connection stay under --max-concurrent-streams (1024).
     const CONNECTIONS: usize = 4;
     let server = TestServer::with(
-        RegistryConfig {
+        CoordConfig {
             session_watch_buffer: 16,
             ..Default::default()
         },

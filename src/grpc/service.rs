@@ -259,12 +259,12 @@ mod tests {
     use super::*;
     use crate::{
         auth::Authenticator,
-        registry::{Registry, RegistryConfig},
+        registry::{CoordConfig, Registry},
     };
 
     fn service() -> CoordinatorService {
         CoordinatorService::new(
-            Registry::new(RegistryConfig::default()).into(),
+            Registry::new(CoordConfig::default()).into(),
             WatchSettings::default(),
             CancellationToken::new(),
         )
