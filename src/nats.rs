@@ -140,6 +140,9 @@ struct Inner {
     /// while something else happens (`landed::tests`).
     #[cfg(test)]
     lost_answers: std::sync::Mutex<std::collections::HashMap<String, landed::Meanwhile>>,
+    /// Test seam: what the next watch awaits between its steps (`watch`).
+    #[cfg(test)]
+    watch_step: std::sync::Mutex<Option<landed::Meanwhile>>,
 }
 
 impl Drop for Inner {
@@ -324,6 +327,8 @@ impl NatsCoordinator {
                 stale_reads: std::sync::Mutex::default(),
                 #[cfg(test)]
                 lost_answers: std::sync::Mutex::default(),
+                #[cfg(test)]
+                watch_step: std::sync::Mutex::default(),
             }),
         })
     }

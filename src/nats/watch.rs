@@ -26,20 +26,6 @@ impl NatsCoordinator {
         id: &SessionId,
         after_revision: Option<u64>,
     ) -> Result<Subscription, CoordError> {
-        self.watch_session_stepwise(id, after_revision, std::future::ready(()))
-            .await
-    }
-
-    /// [`NatsCoordinator::watch_session`], awaiting `between` after the
-    /// entry is read and before the key's history is fetched. Writes that
-    /// land there are in the backlog and arrive live as well; the tests
-    /// (`nats/watch_tests.rs`) write there to prove they come once.
-    pub(super) async fn watch_session_stepwise(
-        &self,
-        id: &SessionId,
-        after_revision: Option<u64>,
-        between: impl std::future::Future<Output = ()>,
-    ) -> Result<Subscription, CoordError> {
         // Opening a watch is a call naming the session (idle expiry counts
         // it, as the memory backend does); keeping it open is not.
         match self.inner.touch(id).await {
@@ -57,12 +43,17 @@ impl NatsCoordinator {
             ),
             Read::Absent { .. } => (0, false),
         };
-        between.await;
+        #[cfg(test)]
+        self.inner.between_watch_steps().await;
         // Fetched after the read, so it may hold revisions above `current`
         // that also arrive live: the subscription skips live events through
         // the backlog's last revision, not through `current`.
         let backlog = match after_revision {
-            Some(after) if after < current => self.inner.history_after(id, &key, after).await?,
+            Some(after) if after < current => {
+                self.inner
+                    .history_after(id, &key, after, patience.remaining())
+                    .await?
+            }
             _ => VecDeque::new(),
         };
         Ok(live.into_subscription(
@@ -82,19 +73,6 @@ impl NatsCoordinator {
         scope: &SessionScope,
         after_seq: Option<u64>,
     ) -> Result<Subscription, CoordError> {
-        self.watch_all_stepwise(scope, after_seq, std::future::ready(()))
-            .await
-    }
-
-    /// [`NatsCoordinator::watch_all`], awaiting `between` after the bucket's
-    /// last sequence is read and before the watch subscribes to the mirror:
-    /// the tests (`nats/watch_tests.rs`) write there.
-    pub(super) async fn watch_all_stepwise(
-        &self,
-        scope: &SessionScope,
-        after_seq: Option<u64>,
-        between: impl std::future::Future<Output = ()>,
-    ) -> Result<Subscription, CoordError> {
         let from = match after_seq {
             Some(after) => after,
             None => {
@@ -102,7 +80,8 @@ impl NatsCoordinator {
                 entry::last_seq_of_write(info.state.last_sequence)
             }
         };
-        between.await;
+        #[cfg(test)]
+        self.inner.between_watch_steps().await;
         // The mirror's backlog and live stream are taken under the event
         // log's lock, so this handover cannot repeat an event (and it uses
         // the same rule as every other watch, `Scope::after_backlog`).
@@ -113,7 +92,23 @@ impl NatsCoordinator {
 impl Inner {
     /// The session's events with revision above `after` from the key's
     /// history in the bucket, or OUT_OF_RANGE when they are no longer there.
+    /// Bounded by `patience`: the key's history is read through a consumer,
+    /// and a stream that stops delivering must not hold the Watch call open.
     async fn history_after(
+        &self,
+        id: &SessionId,
+        key: &str,
+        after: u64,
+        patience: std::time::Duration,
+    ) -> Result<VecDeque<SharedEvent>, CoordError> {
+        tokio::time::timeout(patience, self.read_history_after(id, key, after))
+            .await
+            .map_err(|_| {
+                unavailable("reading the session's history from the bucket timed out; retry")
+            })?
+    }
+
+    async fn read_history_after(
         &self,
         id: &SessionId,
         key: &str,
@@ -160,6 +155,55 @@ impl Inner {
                 oldest_available: oldest - 1,
             }),
             _ => Ok(events.into()),
+        }
+    }
+}
+
+/// Test seam: a watch's setup awaits, between its steps, what a test put
+/// there (writes that land between the read and the history fetch, or
+/// between the bucket's last sequence and the mirror subscription; the
+/// tests in `nats/watch_tests.rs` prove each comes once).
+#[cfg(test)]
+impl NatsCoordinator {
+    pub(super) async fn watch_session_stepwise(
+        &self,
+        id: &SessionId,
+        after_revision: Option<u64>,
+        between: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<Subscription, CoordError> {
+        self.inner.set_watch_step(between);
+        self.watch_session(id, after_revision).await
+    }
+
+    pub(super) async fn watch_all_stepwise(
+        &self,
+        scope: &SessionScope,
+        after_seq: Option<u64>,
+        between: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<Subscription, CoordError> {
+        self.inner.set_watch_step(between);
+        self.watch_all(scope, after_seq).await
+    }
+}
+
+#[cfg(test)]
+impl Inner {
+    fn set_watch_step(&self, between: impl std::future::Future<Output = ()> + Send + 'static) {
+        *self
+            .watch_step
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(Box::new(move || Box::pin(between)));
+    }
+
+    async fn between_watch_steps(&self) {
+        let step = self
+            .watch_step
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(step) = step {
+            step().await;
         }
     }
 }
