@@ -5,6 +5,20 @@
 //! of these per session under its shard's lock, which is what makes each
 //! session a single-writer actor; the NATS backend rebuilds one from the
 //! stored entry for each call and writes it back with compare-and-set.
+//!
+//! A session has one shape per layer that holds it, each with only what
+//! that layer needs:
+//! - [`Session`]: the record a call is decided on (phase, revision,
+//!   retained events, replay window, last activity); the memory backend
+//!   keeps it.
+//! - [`Persisted`]: the record without its retained events, which a store
+//!   keeps apart (NATS: the key's history); what `nats/entry.rs` writes.
+//! - `StoredSession` (`nats/entry.rs`): `Persisted`'s bytes in the bucket,
+//!   a protobuf message whose tags must not change.
+//! - `Known` (`nats/mirror.rs`): what a NATS replica's mirror keeps of every
+//!   session to list, count and expire them, and to confirm a read: no
+//!   replay window, no events.
+//! - [`SessionSnapshot`]: what a reply and GetState report.
 
 use std::collections::VecDeque;
 
