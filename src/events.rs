@@ -3,9 +3,9 @@
 //! On the memory backend every transition's events pass through an
 //! [`Append`] ([`EventLog::begin_append`]), which gives them their
 //! coordinator-wide `seq` under one short lock (the NATS backend's come with
-//! their seqs, [`EventLog::publish`]), keeps a bounded
+//! their seqs, `EventLog::publish`), keeps a bounded
 //! window of them for `after_seq` resume, and hands them to watchers through
-//! bounded [`Feed`]s (`events/feed.rs`): every session's to watch-all
+//! bounded `Feed`s (`events/feed.rs`): every session's to watch-all
 //! through one, each watched session's to its watchers through its own.
 //! Sending never waits, so a slow watcher can only fall behind, never slow a
 //! call: when it falls further behind than its bound, its receiver reports

@@ -24,7 +24,7 @@ use tokio::{
 
 use super::load::{Plan, Rng, Sample};
 
-/// KEYS[1] the session's hash, KEYS[2] its event stream; ARGV[1] the source.
+/// `KEYS[1]` the session's hash, `KEYS[2]` its event stream; `ARGV[1]` the source.
 /// Returns {response id, superseded id or 0, revision}.
 const START_SCRIPT: &str = r"
 if redis.call('HGET', KEYS[1], 'terminated') then
