@@ -184,6 +184,19 @@ enum Read {
 }
 
 impl Read {
+    /// The entry read and its revision, if an answer decided on it may be
+    /// confirmed by writing it back (`Inner::rewrite`): a live session's.
+    /// A terminated one's is not rewritten (that would move the time it is
+    /// forgotten after), and nothing else writes it but a touch.
+    fn rewritable(&self) -> Option<(u64, entry::Entry)> {
+        match self {
+            Read::Live { revision, entry } if entry.persisted.phase != Phase::Terminated => {
+                Some((*revision, entry.clone()))
+            }
+            _ => None,
+        }
+    }
+
     /// The KV revision of a stored record read, `None` for an absent one:
     /// what `Inner::confirmed` checks an answer without a write against.
     fn live_revision(&self) -> Option<u64> {
@@ -523,6 +536,11 @@ impl Inner {
                     "this replica's view of the bucket is behind; retry",
                 ));
             }
+            tracing::debug!(
+                point,
+                mirror = self.mirror.stream_seq(),
+                "mirror behind a quorum point; nudging the follower"
+            );
             self.nudge.notify_one();
         }
     }
@@ -767,18 +785,32 @@ impl Inner {
         mut decide: impl FnMut(Read) -> Step<T>,
     ) -> Result<T, CoordError> {
         let key = entry::key(id);
+        let (mut lost, mut unconfirmed) = (0_u32, 0_u32);
         for _ in 0..MAX_ATTEMPTS {
             let read = match cached.take() {
                 Some((revision, entry)) => Read::Live { revision, entry },
                 None => self.read(id, &key, &mut patience).await?,
             };
+            let rewritable = (unconfirmed > 0).then(|| read.rewritable()).flatten();
             match decide(read) {
                 Step::Stands(answer) => return answer,
-                Step::Confirm { read, answer } => {
-                    if self.confirmed(id, read, &patience).await? {
-                        return answer;
+                Step::Confirm { read, answer } => match rewritable {
+                    Some((revision, entry)) if read == Some(revision) => {
+                        if self
+                            .rewrite(id, &key, revision, entry, &mut patience)
+                            .await?
+                        {
+                            return answer;
+                        }
+                        lost += 1;
                     }
-                }
+                    _ => {
+                        if self.confirmed(id, read, &patience).await? {
+                            return answer;
+                        }
+                        unconfirmed += 1;
+                    }
+                },
                 Step::Write {
                     expected,
                     entry,
@@ -796,6 +828,7 @@ impl Inner {
                         }
                         return Ok(answer);
                     }
+                    lost += 1;
                 }
                 Step::Purge { expected, answer } => {
                     if self.purge(&key, expected, &mut patience).await? {
@@ -806,7 +839,39 @@ impl Inner {
                 }
             }
         }
+        tracing::debug!(session_id = %id, lost, unconfirmed, "contended: compare-and-sets lost, answers unconfirmed");
         Err(CoordError::Contended(id.clone()))
+    }
+
+    /// Confirms an answer that writes nothing by writing the entry it was
+    /// decided on back unchanged (no events: as a touch), with
+    /// compare-and-set over its revision: a write that lands proves that
+    /// revision was the key's latest when it landed, within the call. Used
+    /// once an answer went unconfirmed: on a session another replica writes
+    /// every few milliseconds, a quorum point (a write, then the mirror
+    /// catching up to it) nearly always comes after the next of those
+    /// writes, and confirming that way went round until the call was
+    /// answered "contended" (`respcoord-bench failover`, docs/cluster.md).
+    /// `false` if another write came first.
+    async fn rewrite(
+        &self,
+        id: &SessionId,
+        key: &str,
+        revision: u64,
+        entry: entry::Entry,
+        patience: &mut Patience,
+    ) -> Result<bool, CoordError> {
+        let entry = entry::Entry {
+            events: Vec::new(),
+            ..entry
+        };
+        match self.write(key, &entry.encode(), revision, patience).await? {
+            Some(written) => {
+                self.cache.put(id, written, entry);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     fn count(&self, call: &Call, decision: &Decision) {

@@ -253,6 +253,9 @@ impl Patience {
                 )),
             };
             stats.round_trip(op, sent.elapsed());
+            if sent.elapsed() > Duration::from_millis(200) {
+                tracing::debug!(?op, took = ?sent.elapsed(), ok = answer.is_ok(), "slow store request");
+            }
             match answer {
                 Err(StoreFailure::Transient(RetryReason::Moved, reason)) => {
                     if Instant::now() >= self.deadline {
@@ -261,6 +264,7 @@ impl Patience {
                     stats.retried(RetryReason::Moved);
                 }
                 Err(StoreFailure::Transient(why, reason)) => {
+                    tracing::debug!(?op, %reason, "store request failed; trying again");
                     if self.wait(reason.clone()).await.is_err() {
                         return Err(StoreFailure::Unavailable(reason));
                     }

@@ -74,7 +74,13 @@ fn parse_parts(
 }
 
 /// Reads the stream message by message from the stream leader until caught
-/// up (`Follower::read_by_sequence` bounds it in time).
+/// up (`Follower::read_by_sequence` bounds it in time). Each read asks for
+/// the first message at or after the next sequence, so a hole (messages a
+/// hot key's per-key history limit or a purge dropped) is stepped over in
+/// the same request instead of ending the read: the leader applies its log
+/// in order, so what it holds after the hole proves the hole is gone for
+/// good, and the mirror's per-session revision check turns it into a gap
+/// if events were in it.
 async fn read_by_sequence(
     stream: &jetstream::stream::Stream,
     mirror: &Mirror,
@@ -82,9 +88,13 @@ async fn read_by_sequence(
     subject_prefix: &str,
 ) -> Result<(), String> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let every_key = format!("{subject_prefix}>");
     loop {
         let next = mirror.stream_seq() + 1;
-        match stream.get_raw_message(next).await {
+        match stream
+            .get_first_raw_message_by_subject(&every_key, next)
+            .await
+        {
             Ok(message) => {
                 let stamp = stamp_millis(message.time.unix_timestamp_nanos());
                 clock.observe(stamp);
@@ -100,12 +110,9 @@ async fn read_by_sequence(
                     None => mirror.skip(message.sequence),
                 }
             }
-            // The end, or a hole: a message dropped from the stream (purge,
-            // history limit) or one a newly elected stream leader has not
-            // applied yet, which look alike here. Only the consumer can tell
-            // them apart (see `skipped`), so stop and leave it to that.
+            // Nothing at or after `next`: caught up.
             Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(()),
-            Err(error) => return Err(format!("reading stream sequence {next}: {error}")),
+            Err(error) => return Err(format!("reading from stream sequence {next}: {error}")),
         }
     }
 }
@@ -193,9 +200,12 @@ impl Follower {
             };
             tracing::warn!(error = %ended, resume_from = self.mirror.stream_seq() + 1, "bucket follower restarting");
             self.stats.follower_restarted();
+            // Catch up by sequence for at most the pause before the next
+            // consumer: a new consumer, not these one-message reads, keeps
+            // up with a busy bucket, so its creation waits no longer.
             let read = tokio::select! {
                 () = stop.cancelled() => return,
-                read = self.read_by_sequence(backoff.max(STALL_CHECK)) => read,
+                read = self.read_by_sequence(backoff) => read,
             };
             if let Err(error) = read {
                 tracing::debug!(%error, "reading the bucket by sequence");
@@ -241,9 +251,15 @@ impl Follower {
     }
 
     async fn nudged(&self) {
+        let from = self.mirror.stream_seq();
         if let Err(error) = self.read_by_sequence(NUDGED_READ_BUDGET).await {
             tracing::debug!(%error, "nudged: reading the bucket by sequence");
         }
+        tracing::debug!(
+            from,
+            to = self.mirror.stream_seq(),
+            "nudged: read the bucket by sequence"
+        );
     }
 
     async fn follow_once(&mut self, start: u64, backoff: &mut Duration) -> String {
@@ -263,13 +279,31 @@ impl Follower {
             Ok(messages) => messages,
             Err(error) => return error.to_string(),
         };
+        // Due a stall check: `STALL_CHECK` after the last message. A deadline,
+        // not a timeout per wait, so nudges do not put the check off.
+        let mut last_message = tokio::time::Instant::now();
+        let mut quiet_until = last_message + STALL_CHECK;
         loop {
+            // Biased: a message ready is taken before a nudge, so a consumer
+            // that delivers is never taken for dead.
             let next = tokio::select! {
-                next = tokio::time::timeout(STALL_CHECK, messages.next()) => next,
+                biased;
                 () = self.turnovers.next() => {
                     return "the stream leader or the NATS connection moved".to_owned()
                 }
+                next = tokio::time::timeout_at(quiet_until, messages.next()) => next,
                 () = self.nudge.notified() => {
+                    // A live consumer delivers within milliseconds of a
+                    // write, and a quorum point is a write: one that has
+                    // delivered nothing while a call waited `NUDGE_AFTER`
+                    // for its point is dead (its node went, or it reads a
+                    // replica that is catching up). Replace it now; reads by
+                    // sequence, one message a request, cannot keep up with
+                    // a busy bucket.
+                    if last_message.elapsed() >= NUDGE_AFTER {
+                        return "the consumer delivered nothing while a call waited for it"
+                            .to_owned();
+                    }
                     self.nudged().await;
                     continue;
                 }
@@ -279,7 +313,10 @@ impl Follower {
                 Ok(Some(Err(error))) => return error.to_string(),
                 Ok(None) => return "the consumer's message stream ended".to_owned(),
                 Err(_quiet) => match stalled(&self.stream, &self.mirror).await {
-                    Ok(false) => continue,
+                    Ok(false) => {
+                        quiet_until = tokio::time::Instant::now() + STALL_CHECK;
+                        continue;
+                    }
                     Ok(true) => {
                         return "the consumer stopped delivering; the stream has moved on"
                             .to_owned()
@@ -293,11 +330,13 @@ impl Follower {
             // skipped (seen right after a failover, reading a stream replica
             // still catching up). Skipped ones would be a gap: start over
             // from the hole.
+            last_message = tokio::time::Instant::now();
+            quiet_until = last_message + STALL_CHECK;
             let delivered = message.info().map(|info| info.stream_sequence).unwrap_or(0);
             self.stats.delivered(&message);
             let applied = self.mirror.stream_seq();
             if delivered > applied + 1 {
-                match skipped(&self.stream, applied + 1, delivered).await {
+                match skipped(&self.stream, &self.subject_prefix, applied + 1, delivered).await {
                     Ok(None) => {}
                     Ok(Some(missing)) => {
                         return format!(
@@ -317,30 +356,23 @@ impl Follower {
     }
 }
 
-/// Sequences of a hole looked up before it is taken as dropped by the
-/// stream: its first and last few (a skip is a run at the hole's start).
-const HOLE_PROBES: u64 = 4;
-
-/// The first sequence in `from..to` that the stream still holds, probing at
-/// most `2 * HOLE_PROBES` of them.
+/// The first sequence in `from..to` that the stream still holds: one
+/// request to the stream leader for the first message at or after `from`.
 async fn skipped(
     stream: &jetstream::stream::Stream,
+    subject_prefix: &str,
     from: u64,
     to: u64,
 ) -> Result<Option<u64>, String> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
-    let probes = (from..to)
-        .take(HOLE_PROBES as usize)
-        .chain(to.saturating_sub(HOLE_PROBES).max(from)..to)
-        .collect::<std::collections::BTreeSet<_>>();
-    for sequence in probes {
-        match stream.get_raw_message(sequence).await {
-            Ok(_) => return Ok(Some(sequence)),
-            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => {}
-            Err(error) => return Err(format!("checking stream sequence {sequence}: {error}")),
-        }
+    match stream
+        .get_first_raw_message_by_subject(format!("{subject_prefix}>"), from)
+        .await
+    {
+        Ok(message) => Ok((message.sequence < to).then_some(message.sequence)),
+        Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(error) => Err(format!("checking stream sequence {from}: {error}")),
     }
-    Ok(None)
 }
 
 /// The longest pause between follower restarts. Short: while the follower

@@ -15,7 +15,10 @@
 //! fresh read; an answer that writes nothing (a no-op, a replay, a refusal)
 //! is given only once a quorum point after the call arrived shows the entry
 //! it was decided on still the key's latest (`Inner::confirmed`,
-//! `nats/quorum.rs`), else the call goes round again. A write whose try
+//! `nats/quorum.rs`), else the call goes round again; once an answer went
+//! unconfirmed, a no-write answer decided again on a live session's entry
+//! is confirmed by writing that entry back unchanged with compare-and-set
+//! (`Inner::rewrite`), a write like any other here. A write whose try
 //! went unanswered is tried again, the same bytes over the same revision
 //! (`Inner::write`); if the retry meets a conflict, the key's first write
 //! after that revision tells whether the call's write landed
@@ -306,6 +309,9 @@ pub enum Step {
         /// An earlier try of this write went unanswered (`tries > 1` in
         /// `Inner::write`): a conflict now may be the write's own.
         unanswered: bool,
+        /// The entry read, written back to confirm a no-write answer
+        /// (`Inner::rewrite`): the sequential run changes nothing here.
+        rewrite: bool,
     },
 }
 
@@ -323,6 +329,9 @@ pub struct Replica {
     /// The current call went round again (a conflict, or a read that was
     /// not confirmed).
     pub retried: bool,
+    /// A no-write answer of the current call went unconfirmed: the next
+    /// one is confirmed by writing its entry back (`Inner::rewrite`).
+    pub unconfirmed: bool,
     /// What the current call's write whose try went unanswered (landed or
     /// not) decided; at most one per call, which bounds the writes a call
     /// makes. The real call compares the bytes it tried with the bytes
@@ -345,6 +354,8 @@ pub enum Effect {
     Confirmed { retried: bool, replay: bool },
     /// A write committed and answered.
     Wrote { from_cache: bool, retried: bool },
+    /// A no-write answer confirmed by writing its entry back, answered.
+    Rewritten,
     /// A write landed, its acknowledgement lost.
     AckLost,
     /// A try of a write went unanswered without landing.
@@ -474,22 +485,38 @@ impl NatsPath {
     /// on: to a write, to a quorum point, or (mutation) to its answer.
     fn decided(&self, state: &mut NatsState, replica: u8, revision: u8, from_cache: bool) {
         let req = self.req(state, replica);
-        let Decided { answer, write } = decide(&self.session_id, state.entry_at(revision), req);
-        let step = match write {
-            Some((entry, kinds)) => Step::Writing {
+        let read = state.entry_at(revision);
+        let Decided { answer, write } = decide(&self.session_id, read, req);
+        // `Read::rewritable`: a live session's entry, not a terminated one's.
+        let rewritable = read
+            .filter(|entry| !entry.session.is_terminated())
+            .cloned()
+            .filter(|_| state.replicas[usize::from(replica)].unconfirmed);
+        let step = match (write, rewritable) {
+            (Some((entry, kinds)), _) => Step::Writing {
                 expected: revision,
                 entry,
                 kinds,
                 answer,
                 from_cache,
                 unanswered: false,
+                rewrite: false,
             },
-            None if self.mutation == Mutation::SkipConfirmation => {
+            (None, Some(entry)) if self.mutation != Mutation::SkipConfirmation => Step::Writing {
+                expected: revision,
+                entry,
+                kinds: Vec::new(),
+                answer,
+                from_cache,
+                unanswered: false,
+                rewrite: true,
+            },
+            (None, _) if self.mutation == Mutation::SkipConfirmation => {
                 state.last = Some(Effect::AnsweredUnconfirmed);
                 self.answered(state, replica, answer);
                 return;
             }
-            None => Step::Confirming {
+            (None, _) => Step::Confirming {
                 read: revision,
                 answer,
             },
@@ -537,6 +564,7 @@ impl NatsPath {
         r.step = Step::Between;
         r.invoked_at = 0;
         r.retried = false;
+        r.unconfirmed = false;
         r.unanswered = None;
     }
 
@@ -552,6 +580,7 @@ impl NatsPath {
             kinds,
             answer,
             from_cache,
+            rewrite,
             ..
         } = r.step.clone()
         else {
@@ -564,6 +593,14 @@ impl NatsPath {
         let before = state.spec(state.latest()).cloned();
         let sequential = decide(&self.session_id, before.as_ref(), req);
         let spec = match sequential.write {
+            // A rewrite stores what was there, and the sequential run,
+            // given the call here, writes nothing and answers the same.
+            _ if rewrite => {
+                if sequential.write.is_some() || sequential.answer != answer {
+                    state.faults |= Fault::NotLinearizable as u8;
+                }
+                before
+            }
             Some((spec, _)) => {
                 if spec != entry || sequential.answer != answer {
                     state.faults |= Fault::NotLinearizable as u8;
@@ -589,9 +626,13 @@ impl NatsPath {
         let r = &mut state.replicas[usize::from(replica)];
         if acked {
             r.cache = Some(revision);
-            state.last = Some(Effect::Wrote {
-                from_cache,
-                retried,
+            state.last = Some(if rewrite {
+                Effect::Rewritten
+            } else {
+                Effect::Wrote {
+                    from_cache,
+                    retried,
+                }
             });
             Self::next_call(state, replica);
         } else {
@@ -661,6 +702,7 @@ impl Model for NatsPath {
             step: Step::Between,
             invoked_at: 0,
             retried: false,
+            unconfirmed: false,
             unanswered: None,
         };
         vec![NatsState {
@@ -753,6 +795,7 @@ impl Model for NatsPath {
                     self.answered(&mut state, replica, answer);
                 } else {
                     state.last = Some(Effect::Unconfirmed);
+                    state.replicas[usize::from(replica)].unconfirmed = true;
                     Self::retry(&mut state, replica);
                 }
             }
@@ -877,6 +920,19 @@ impl Model for NatsPath {
             .clone()
             .enumerate()
             .any(|(at, request)| starts.clone().skip(at + 1).any(|other| other == request));
+        // After a Shutdown every no-write answer is on a terminated
+        // session, which is confirmed at a quorum point, not rewritten.
+        if !self
+            .scripts
+            .iter()
+            .flatten()
+            .any(|req| *req == Req::Shutdown)
+        {
+            properties.push(Property::sometimes(
+                "an unconfirmed answer is confirmed by writing its entry back",
+                |_, s: &NatsState| s.last == Some(Effect::Rewritten),
+            ));
+        }
         if retried_start {
             properties.push(Property::sometimes(
                 "a Start retried on the other replica is answered by a confirmed replay",

@@ -876,11 +876,45 @@ impl Report {
         });
         let failed: Vec<_> = failed.collect();
         format!(
-            "failed attempts by second sent: [{}]; slowest after the fault: {}; why: [{}]",
+            "failed attempts by second sent: [{}]; slowest after the fault: {}; why: [{}]; \
+             the slowest call's attempts: {}",
             failed.join(", "),
             slowest.join(", "),
-            messages.collect::<Vec<_>>().join(", ")
+            messages.collect::<Vec<_>>().join(", "),
+            self.slowest_call(),
         )
+    }
+
+    /// The slowest call answered after the fault, attempt by attempt: which
+    /// replica, when it was sent (seconds from the fault), how long it took
+    /// and how it failed; what a gap or an `added` is made of.
+    fn slowest_call(&self) -> String {
+        let answered = self
+            .attempts
+            .iter()
+            .filter(|a| a.last && a.failed.is_none() && a.answered >= self.fault_at);
+        let Some(slowest) = answered.max_by_key(|a| a.answered - a.call_began) else {
+            return "none".into();
+        };
+        let of_call = self
+            .attempts
+            .iter()
+            .filter(|a| a.gateway == slowest.gateway && a.call_began == slowest.call_began);
+        let attempts: Vec<_> = of_call
+            .map(|a| {
+                format!(
+                    "{} {} {:+.3} s, {} ms{}",
+                    ["A", "B"][a.replica()],
+                    a.what,
+                    self.after(a.sent),
+                    (a.answered - a.sent).as_millis(),
+                    a.failed
+                        .as_deref()
+                        .map_or_else(String::new, |f| format!(", {}", code(f))),
+                )
+            })
+            .collect();
+        format!("gateway {}: [{}]", slowest.gateway, attempts.join("; "))
     }
 
     /// The table's row. `base p99`: calls begun after the warm-up and
