@@ -120,7 +120,9 @@
 //!    conflict decides again; a write whose answer was lost is recognised
 //!    by `nats/landed.rs` `Inner::landed`. An answer that writes nothing
 //!    stands only once confirmed at a quorum point (`nats.rs`
-//!    `Inner::confirmed`, `nats/quorum.rs` `QuorumPoints`).
+//!    `Inner::confirmed`, `nats/quorum.rs` `QuorumPoints`), or, after one
+//!    went unconfirmed, by writing its entry back (`nats.rs`
+//!    `Inner::rewrite`).
 //! 6. Every replica's follower (`nats/follow.rs` `Follower`) reads the
 //!    write from the stream; `nats/mirror.rs` `Mirror::apply` updates the
 //!    replica's view and publishes the events (`events.rs`
