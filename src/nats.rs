@@ -84,12 +84,6 @@ pub use setup::{NatsError, NatsSecurity, NatsSettings, Secret};
 /// Compare-and-set attempts per call before it is answered ABORTED.
 const MAX_ATTEMPTS: usize = 32;
 
-/// The pause between compare-and-sets a call lost in a row grows by this
-/// much per loss, up to `CONTENTION_PAUSE_LOSSES` of them (see
-/// `contention_pause`).
-const CONTENTION_PAUSE_STEP: Duration = Duration::from_micros(500);
-const CONTENTION_PAUSE_LOSSES: u32 = 8;
-
 /// Longest ListSessions waits for this replica's mirror to reach the
 /// bucket's last write before answering UNAVAILABLE.
 const LIST_CATCH_UP: Duration = Duration::from_secs(10);
@@ -176,23 +170,6 @@ fn mint(last_response: u64, unix_nanos: i64) -> ResponseId {
 
 fn millis(duration: Duration) -> Millis {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// After the second compare-and-set a call lost in a row, a pause drawn at
-/// random, up to half a millisecond per loss (4 ms at most). Two replicas
-/// calling one session in a closed loop fall into step: the winner writes
-/// from its cache in one round trip while the loser reads and writes in
-/// two, and the loser's next write arrives just after the winner's next,
-/// again and again, until the call is answered ABORTED "contended" (about
-/// 1 in 10,000 calls in `respcoord-bench failover`'s load). A random pause
-/// breaks the step; the first loss, the common case, is retried at once.
-async fn contention_pause(lost: u32) {
-    if lost < 2 {
-        return;
-    }
-    let ceiling = CONTENTION_PAUSE_STEP * lost.min(CONTENTION_PAUSE_LOSSES);
-    let micros = u64::try_from(ceiling.as_micros()).unwrap_or(u64::MAX);
-    tokio::time::sleep(Duration::from_micros(fastrand::u64(0..=micros))).await;
 }
 
 fn unavailable(error: impl std::fmt::Display) -> CoordError {
@@ -826,7 +803,6 @@ impl Inner {
                             return answer;
                         }
                         lost += 1;
-                        contention_pause(lost).await;
                     }
                     _ => {
                         if self.confirmed(id, read, &patience).await? {
@@ -853,7 +829,6 @@ impl Inner {
                         return Ok(answer);
                     }
                     lost += 1;
-                    contention_pause(lost).await;
                 }
                 Step::Purge { expected, answer } => {
                     if self.purge(&key, expected, &mut patience).await? {
