@@ -852,7 +852,11 @@ impl Inner {
     /// catching up to it) nearly always comes after the next of those
     /// writes, and confirming that way went round until the call was
     /// answered "contended" (`respcoord-bench failover`, docs/cluster.md).
-    /// `false` if another write came first.
+    /// `false` if another write came first. Two replicas rewriting one
+    /// revision write the same bytes, so after a lost answer `landed` may
+    /// take the other's rewrite for this one's: harmless, as the entry then
+    /// stored is the one this answer was decided on, at a point within the
+    /// call.
     async fn rewrite(
         &self,
         id: &SessionId,

@@ -336,7 +336,10 @@ pub struct Replica {
     /// not) decided; at most one per call, which bounds the writes a call
     /// makes. The real call compares the bytes it tried with the bytes
     /// stored; each write's bytes are unique (they hold the time), so here
-    /// the writer of a committed version stands for them.
+    /// the writer of a committed version stands for them. Rewrites of one
+    /// revision are the exception: two hold the same bytes, and the real
+    /// call may take the other's for its own, answering on the entry that
+    /// stands stored (`Inner::rewrite`); here it goes round again instead.
     pub unanswered: Option<Answer>,
 }
 
