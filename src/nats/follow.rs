@@ -324,35 +324,40 @@ impl Follower {
                     Err(error) => return error,
                 },
             };
-            // Every message of the stream matches the filter, so a hole in
-            // the delivered sequence is either messages the stream dropped (a
-            // purge, the per-key history limit) or messages this consumer
-            // skipped (seen right after a failover, reading a stream replica
-            // still catching up). Skipped ones would be a gap: start over
-            // from the hole.
             last_message = tokio::time::Instant::now();
             quiet_until = last_message + STALL_CHECK;
-            let delivered = message.info().map(|info| info.stream_sequence).unwrap_or(0);
-            self.stats.delivered(&message);
-            let applied = self.mirror.stream_seq();
-            if delivered > applied + 1 {
-                match skipped(&self.stream, &self.subject_prefix, applied + 1, delivered).await {
-                    Ok(None) => {}
-                    Ok(Some(missing)) => {
-                        return format!(
-                            "the consumer skipped stream sequence {missing}, which the stream holds"
-                        )
-                    }
-                    Err(error) => return error,
-                }
-            }
-            match parse(&message, &self.subject_prefix, &self.clock) {
-                Ok((stream_seq, Some((id, change)))) => self.mirror.apply(stream_seq, id, change),
-                Ok((stream_seq, None)) => self.mirror.skip(stream_seq),
-                Err(error) => return error,
+            if let Err(why) = self.apply_delivered(&message).await {
+                return why;
             }
             *backoff = Duration::from_millis(50);
         }
+    }
+
+    /// Applies a message the consumer delivered; why the consumer must be
+    /// replaced, if it must. Every message of the stream matches the
+    /// filter, so a hole in the delivered sequence is either messages the
+    /// stream dropped (a purge, the per-key history limit) or messages this
+    /// consumer skipped (seen right after a failover, reading a stream
+    /// replica still catching up). Skipped ones would be a gap: start over
+    /// from the hole.
+    async fn apply_delivered(&self, message: &jetstream::Message) -> Result<(), String> {
+        let delivered = message.info().map(|info| info.stream_sequence).unwrap_or(0);
+        self.stats.delivered(message);
+        let applied = self.mirror.stream_seq();
+        if delivered > applied + 1 {
+            let missing =
+                skipped(&self.stream, &self.subject_prefix, applied + 1, delivered).await?;
+            if let Some(missing) = missing {
+                return Err(format!(
+                    "the consumer skipped stream sequence {missing}, which the stream holds"
+                ));
+            }
+        }
+        match parse(message, &self.subject_prefix, &self.clock)? {
+            (stream_seq, Some((id, change))) => self.mirror.apply(stream_seq, id, change),
+            (stream_seq, None) => self.mirror.skip(stream_seq),
+        }
+        Ok(())
     }
 }
 
