@@ -252,9 +252,10 @@ impl Patience {
                         .into(),
                 )),
             };
-            stats.round_trip(op, sent.elapsed());
-            if sent.elapsed() > Duration::from_millis(200) {
-                tracing::debug!(?op, took = ?sent.elapsed(), ok = answer.is_ok(), "slow store request");
+            let took = sent.elapsed();
+            stats.round_trip(op, took);
+            if took > Duration::from_millis(200) {
+                tracing::debug!(?op, ?took, ok = answer.is_ok(), "slow store request");
             }
             match answer {
                 Err(StoreFailure::Transient(RetryReason::Moved, reason)) => {

@@ -87,15 +87,10 @@ async fn read_by_sequence(
     clock: &StreamClock,
     subject_prefix: &str,
 ) -> Result<(), String> {
-    use async_nats::jetstream::stream::LastRawMessageErrorKind;
-    let every_key = format!("{subject_prefix}>");
     loop {
         let next = mirror.stream_seq() + 1;
-        match stream
-            .get_first_raw_message_by_subject(&every_key, next)
-            .await
-        {
-            Ok(message) => {
+        match first_at_or_after(stream, subject_prefix, next).await? {
+            Some(message) => {
                 let stamp = stamp_millis(message.time.unix_timestamp_nanos());
                 clock.observe(stamp);
                 match parse_parts(
@@ -111,9 +106,28 @@ async fn read_by_sequence(
                 }
             }
             // Nothing at or after `next`: caught up.
-            Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(()),
-            Err(error) => return Err(format!("reading from stream sequence {next}: {error}")),
+            None => return Ok(()),
         }
+    }
+}
+
+/// The stream's first message at or after `sequence`, from the stream
+/// leader; `None` past the end. Every message of the bucket's stream is
+/// under `subject_prefix`, so holes (purges, the per-key history limit) are
+/// stepped over in the same request.
+async fn first_at_or_after(
+    stream: &jetstream::stream::Stream,
+    subject_prefix: &str,
+    sequence: u64,
+) -> Result<Option<jetstream::message::StreamMessage>, String> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    match stream
+        .get_first_raw_message_by_subject(format!("{subject_prefix}>"), sequence)
+        .await
+    {
+        Ok(message) => Ok(Some(message)),
+        Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(error) => Err(format!("reading from stream sequence {sequence}: {error}")),
     }
 }
 
@@ -369,15 +383,10 @@ async fn skipped(
     from: u64,
     to: u64,
 ) -> Result<Option<u64>, String> {
-    use async_nats::jetstream::stream::LastRawMessageErrorKind;
-    match stream
-        .get_first_raw_message_by_subject(format!("{subject_prefix}>"), from)
-        .await
-    {
-        Ok(message) => Ok((message.sequence < to).then_some(message.sequence)),
-        Err(error) if error.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-        Err(error) => Err(format!("checking stream sequence {from}: {error}")),
-    }
+    let first = first_at_or_after(stream, subject_prefix, from).await?;
+    Ok(first
+        .map(|message| message.sequence)
+        .filter(|&sequence| sequence < to))
 }
 
 /// The longest pause between follower restarts. Short: while the follower

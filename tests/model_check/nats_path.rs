@@ -492,9 +492,10 @@ impl NatsPath {
         let Decided { answer, write } = decide(&self.session_id, read, req);
         // `Read::rewritable`: a live session's entry, not a terminated one's.
         let rewritable = read
-            .filter(|entry| !entry.session.is_terminated())
-            .cloned()
-            .filter(|_| state.replicas[usize::from(replica)].unconfirmed);
+            .filter(|entry| {
+                state.replicas[usize::from(replica)].unconfirmed && !entry.session.is_terminated()
+            })
+            .cloned();
         let step = match (write, rewritable) {
             (Some((entry, kinds)), _) => Step::Writing {
                 expected: revision,
