@@ -74,7 +74,7 @@ echo "ok   deploy/Dockerfile: hadolint $("$bin/hadolint" --version | awk '{print
 
 # 2. Render every kustomization.
 renders=()
-for target in base overlays/memory overlays/nats examples/memory-tls-auth examples/nats-tls-auth nats-cluster; do
+for target in base overlays/memory overlays/nats overlays/nats-secured examples/memory-tls-auth examples/nats-tls-auth nats-cluster; do
   name="${target#*/}"
   out="$work/$name.yaml"
   "$bin/kubectl" kustomize "deploy/kubernetes/$target" >"$out"

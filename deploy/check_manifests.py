@@ -2,8 +2,8 @@
 
     check_manifests.py K8S_VERSION[,K8S_VERSION...] OVERLAY=RENDERED.yaml...
 
-OVERLAY is memory or nats, optionally with the components it composes
-(memory-tls-auth, nats-tls-auth), base (the base gets step 1 only), or
+OVERLAY is one of RENDERS below (an overlay or example, with the backend
+and the components it composes), base (the base gets step 1 only), or
 nats-cluster (the NATS cluster of deploy/kubernetes/nats-cluster: step 1
 and the cluster rules of step 3). For each rendering (`kubectl kustomize`):
 
@@ -20,7 +20,10 @@ and the cluster rules of step 3). For each rendering (`kubectl kustomize`):
    (memory: one pod, Recreate, no autoscaler; nats: autoscaled, rolling,
    disruption budget, headless Service, NATS URL from a Secret, R3 bucket,
    a bucket age limit above idle + tombstone TTL, NATS creds and TLS files
-   under read-only Secret mounts).
+   under read-only Secret mounts), and each composes exactly the components
+   RENDERS says: no NATS credentials in overlays/nats (the shipped NATS
+   cluster has no client authentication), a ServiceMonitor only where the
+   servicemonitor component is composed (it needs the operator's CRDs).
 3. nats-cluster: a 3-replica StatefulSet started in parallel, with a PVC
    template holding jetstream.store_dir; nats-server.conf (read from the
    ConfigMap the pod mounts) with `sync_interval: always`, routes to every
@@ -29,7 +32,8 @@ and the cluster rules of step 3). For each rendering (`kubectl kustomize`):
    a termination grace period covering lame_duck_duration; /healthz probes
    on the monitoring port; required anti-affinity per node; a PDB of one;
    the restricted security context; the image at the release whose
-   `nats-server -t` check.sh ran ($NATS_SERVER_VERSION).
+   `nats-server -t` check.sh ran ($NATS_SERVER_VERSION); auth.conf
+   configures no client authentication, as overlays/nats expects.
 
 Prints one line per overlay; on failure, every problem found, and exits 1.
 """
@@ -64,6 +68,15 @@ MAX_AGE_MARGIN_SECONDS = 600
 NATS_NAMESPACE = "nats"
 # Room after lame_duck_duration for the server to flush and exit.
 LAME_DUCK_MARGIN_SECONDS = 20
+# What each rendering is: its backend and the features it composes. "creds"
+# is components/nats-creds, "servicemonitor" components/servicemonitor.
+RENDERS = {
+    "memory": ("memory", set()),
+    "nats": ("nats", set()),
+    "nats-secured": ("nats", {"creds"}),
+    "memory-tls-auth": ("memory", {"tls", "auth", "servicemonitor"}),
+    "nats-tls-auth": ("nats", {"tls", "auth", "creds", "nats-tls", "nats-mtls", "servicemonitor"}),
+}
 NATS_FILE_VARS = ("RESPCOORD_NATS_CREDS", "RESPCOORD_NATS_NKEY_SEED_FILE", "RESPCOORD_NATS_PASSWORD_FILE",
                   "RESPCOORD_NATS_TOKEN_FILE", "RESPCOORD_NATS_TLS_CA", "RESPCOORD_NATS_TLS_CERT",
                   "RESPCOORD_NATS_TLS_KEY")
@@ -157,8 +170,9 @@ def env_of(container):
 
 
 def policy_check(p, name, objects):
-    # "memory", "nats", or a composition "memory-tls-auth": backend, features.
-    overlay, *features = name.split("-")
+    if not p.check(name in RENDERS, f"unknown rendering {name!r} (not in check_manifests.RENDERS)"):
+        return
+    overlay, features = RENDERS[name]
     by_kind = {}
     for obj in objects:
         by_kind.setdefault(obj["kind"], []).append(obj)
@@ -324,7 +338,12 @@ def policy_check(p, name, objects):
         for ep in sm["spec"]["endpoints"]:
             p.check(all(ep.get("port") in [sp["name"] for sp in s["spec"]["ports"]] for s in chosen),
                     f"ServiceMonitor endpoint port {ep.get('port')!r} is not a port of the selected Service")
-    p.check(len(by_kind.get("ServiceMonitor", [])) == 1, "a ServiceMonitor is expected")
+    if "servicemonitor" in features:
+        p.check(len(by_kind.get("ServiceMonitor", [])) == 1, "a ServiceMonitor is expected")
+    else:
+        p.check("ServiceMonitor" not in by_kind,
+                "no ServiceMonitor without components/servicemonitor (a cluster without the Prometheus "
+                "Operator has no such kind, and the apply fails)")
 
     kinds = set(by_kind)
     if overlay == "memory":
@@ -361,8 +380,14 @@ def policy_check(p, name, objects):
                 "nats: --backend=nats must be an argument (a binary without it then fails instead of serving memory)")
         p.check(env.get("RESPCOORD_NATS_REPLICAS", {}).get("value") == "3",
                 "nats: RESPCOORD_NATS_REPLICAS must be 3 (the bucket survives one NATS node lost)")
-        p.check("RESPCOORD_NATS_CREDS" in env,
-                "nats: NATS credentials from a creds file (components/nats-creds) by default")
+        if "creds" in features:
+            p.check("RESPCOORD_NATS_CREDS" in env, "nats: NATS credentials from a creds file (components/nats-creds)")
+        else:
+            creds = [v for v in NATS_FILE_VARS + ("RESPCOORD_NATS_USER", "RESPCOORD_NATS_PASSWORD",
+                                                  "RESPCOORD_NATS_TOKEN")
+                     if v in env and "TLS" not in v]
+            p.check(not creds, f"nats: no NATS credentials ({', '.join(creds)}) in an overlay for the shipped "
+                               "NATS cluster, which has none (overlays/nats-secured adds them)")
         nats_max_age_check(p, env)
     else:
         p.check(False, f"unknown overlay {overlay!r}")
@@ -466,6 +491,12 @@ def nats_cluster_check(p, objects):
             conf = conf_text(data[key])
             for inc in re.findall(r"^\s*include\s+\"?([^\"\s;]+)", conf, re.M):
                 p.check(inc in data, f"nats-server.conf includes {inc!r}, which is not in the ConfigMap")
+            # overlays/nats connects without credentials: the cluster as
+            # shipped must not ask for any (overlays/nats-secured is the
+            # variant for a NATS that does).
+            auth = conf_text(data.get("auth.conf", "")).strip()
+            p.check(not auth, "auth.conf as shipped must configure no client authentication (overlays/nats "
+                              f"has no credentials; use overlays/nats-secured with authentication): {auth[:80]!r}")
 
     top = re.sub(r"\{[^{}]*\}", "", conf)  # top-level options only
     for option, port in (("port", "nats"), ("http_port", "monitor")):
