@@ -1,0 +1,384 @@
+package respcoord
+
+// The fencing table: per tracked session, which of this client's responses
+// are known to be no longer live. Pure bookkeeping, no I/O: the session
+// watches (watch.go) feed it events and re-read states, and carry out the one
+// effect it asks for, opening or closing a session's watch. This is
+// clients/rust/src/fencing.rs (and the TypeScript and Python ports) in Go.
+//
+// Per tracked session the client keeps deadThrough: every response id of the
+// session up to it is known to be no longer live. Each event and each state
+// read only ever RAISES it, or stops registered responses, with a fact that
+// is true whenever it is applied:
+//
+//	started(y)                      -> raise to y-1 (at most one live response, ids increase)
+//	cancel_requested(x), ended(x)   -> raise to x   (x is done)
+//	terminated                      -> stop every registered response
+//	state Active(z)                 -> raise to z-1 (as started(z)), and stop, as gone,
+//	                                   every response registered before the read that is not z
+//	state Idle or Terminated        -> stop every response registered before the read was sent
+//	NOT_FOUND, or a lower revision  -> stop, as gone, every response registered before the
+//	than the watch had reached         read was sent (their session no longer exists)
+//
+// Because every update is a max of true facts, or stops responses the read
+// already covered, replaying events or applying a state read while events
+// arrive is harmless: that is what makes resuming a broken watch simple.
+//
+// A response registers right after its Start reply, and its session's watch
+// replays from the reply's revision, so every event after the Start passes
+// through apply. A response registered after its stop was applied finds
+// id <= deadThrough and is stopped at once: no stop is missed.
+//
+// One mutex guards the table: its critical sections are short and never
+// block (a liveness's stop only closes a channel and cancels contexts).
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	pb "github.com/respcoord/respcoord/clients/go/respcoordv1"
+)
+
+// liveness is one started response's liveness, shared by its handle, its
+// fences and the watch. Once stopped it stays stopped; the first reason wins.
+type liveness struct {
+	id      uint64
+	current atomic.Bool // the fence check: one atomic load
+
+	mu      sync.Mutex
+	reason  StopReason
+	done    chan struct{}
+	cancels []context.CancelCauseFunc
+	ctx     context.Context
+}
+
+func newLiveness(id uint64) *liveness {
+	l := &liveness{id: id, done: make(chan struct{})}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	l.ctx = ctx
+	l.cancels = []context.CancelCauseFunc{cancel}
+	l.current.Store(true)
+	return l
+}
+
+// stop stops it; true if this call did. Every context tied to it is
+// cancelled here, synchronously, with a *StoppedError as the cause: the
+// moment a watch applies the stop, the body's context is done.
+func (l *liveness) stop(reason StopReason) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.reason != "" {
+		return false
+	}
+	l.reason = reason
+	l.current.Store(false)
+	close(l.done)
+	cause := &StoppedError{ResponseID: l.id, Reason: reason}
+	for _, cancel := range l.cancels {
+		cancel(cause)
+	}
+	l.cancels = nil
+	return true
+}
+
+// tie cancels cancel (with the stop's cause) when it stops, at once if it
+// already has.
+func (l *liveness) tie(cancel context.CancelCauseFunc) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.reason != "" {
+		cancel(&StoppedError{ResponseID: l.id, Reason: l.reason})
+		return
+	}
+	l.cancels = append(l.cancels, cancel)
+}
+
+func (l *liveness) stopReason() StopReason {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.reason
+}
+
+// registered is a live response of this client, with the client-wide ticket
+// of its registration.
+type registered struct {
+	l      *liveness
+	ticket uint64
+}
+
+type track struct {
+	// refs: Starts in flight and registered responses holding the track.
+	refs        int
+	deadThrough uint64
+	// reason is why deadThrough last rose (for responses registered late).
+	reason    StopReason
+	responses []registered
+	// watch stops the session's watch; set while responses is not empty.
+	watch context.CancelFunc
+}
+
+// watchOrder is what register asks its caller to do: open the session's
+// watch, which runs until ctx is done.
+type watchOrder struct {
+	session string
+	// afterRevision is the Watch's after_revision.
+	afterRevision uint64
+	// expectStarted, when not 0, is the response whose started event must
+	// come first (at afterRevision+1): proof that the stream follows the
+	// session the Start was applied to, not one recreated since.
+	expectStarted uint64
+	ctx           context.Context
+}
+
+// tracks are the sessions this client tracks, shared by handles and watches.
+type tracks struct {
+	mu      sync.Mutex
+	m       map[string]*track
+	tickets uint64
+	closed  bool
+}
+
+func newTracks() *tracks { return &tracks{m: map[string]*track{}} }
+
+func below(x uint64) uint64 {
+	if x > 0 {
+		return x - 1
+	}
+	return 0
+}
+
+// track holds the session tracked while a Start is in flight: what its
+// watch (if another response of ours is live there) learns meanwhile
+// applies to the response the Start will return.
+func (t *tracks) track(session string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tr := t.m[session]
+	if tr == nil {
+		tr = &track{reason: StopGone}
+		t.m[session] = tr
+	}
+	tr.refs++
+}
+
+// release drops one reference; the last one forgets the session.
+func (t *tracks) release(session string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.releaseLocked(session, t.m[session])
+}
+
+func (t *tracks) releaseLocked(session string, tr *track) {
+	if tr == nil {
+		return
+	}
+	tr.refs--
+	if tr.refs <= 0 {
+		if tr.watch != nil {
+			tr.watch()
+			tr.watch = nil
+		}
+		if t.m[session] == tr {
+			delete(t.m, session)
+		}
+	}
+}
+
+// register adds a started response whose Start reply carried revision, and
+// takes over the reference track took. fresh: the reply was not a replay,
+// so the response's started event is at revision. It stops the response at
+// once if a watch already saw its end, and returns the watch to open when
+// the session has none.
+func (t *tracks) register(session string, l *liveness, revision uint64, fresh bool) *watchOrder {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tr := t.m[session]
+	if tr == nil {
+		l.stop(StopReleased)
+		return nil
+	}
+	if t.closed {
+		l.stop(StopReleased)
+	} else if l.id <= tr.deadThrough {
+		l.stop(tr.reason)
+	}
+	if !l.current.Load() {
+		t.releaseLocked(session, tr)
+		return nil
+	}
+	t.tickets++
+	tr.responses = append(tr.responses, registered{l: l, ticket: t.tickets})
+	if tr.watch != nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tr.watch = cancel
+	order := &watchOrder{session: session, afterRevision: revision, ctx: ctx}
+	if fresh {
+		order.afterRevision = below(revision)
+		order.expectStarted = l.id
+	}
+	return order
+}
+
+// unregister removes a response stopped locally (finished, released) and
+// drops its reference; the session's last one closes its watch.
+func (t *tracks) unregister(session string, l *liveness) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tr := t.m[session]
+	if tr == nil {
+		return
+	}
+	t.stopWhereLocked(session, tr, "", func(r registered) bool { return r.l == l })
+}
+
+// stopWhereLocked stops (reason "" leaves them as they are) and removes the
+// registered responses which selects, raising deadThrough over them, and
+// drops their references.
+func (t *tracks) stopWhereLocked(session string, tr *track, reason StopReason, which func(registered) bool) {
+	var highest uint64
+	removed := 0
+	kept := tr.responses[:0]
+	for _, r := range tr.responses {
+		if !which(r) {
+			kept = append(kept, r)
+			continue
+		}
+		if reason != "" {
+			r.l.stop(reason)
+			highest = max(highest, r.l.id)
+		}
+		removed++
+	}
+	clear(tr.responses[len(kept):])
+	tr.responses = kept
+	if highest > tr.deadThrough {
+		tr.deadThrough = highest
+		tr.reason = reason
+	}
+	if len(tr.responses) == 0 && tr.watch != nil {
+		tr.watch()
+		tr.watch = nil
+	}
+	for range removed {
+		t.releaseLocked(session, tr)
+	}
+}
+
+func (t *tracks) raiseLocked(session string, tr *track, through uint64, reason StopReason) {
+	if through > tr.deadThrough {
+		tr.deadThrough = through
+		tr.reason = reason
+	}
+	t.stopWhereLocked(session, tr, reason, func(r registered) bool { return r.l.id <= through })
+}
+
+// apply applies one WatchResponse's events.
+func (t *tracks) apply(events []*pb.LifecycleEvent) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, e := range events {
+		session := e.GetSessionId()
+		tr := t.m[session]
+		if tr == nil {
+			continue
+		}
+		switch kind := e.GetKind().(type) {
+		case *pb.LifecycleEvent_Started:
+			t.raiseLocked(session, tr, below(kind.Started.GetResponseId()), StopSuperseded)
+		case *pb.LifecycleEvent_CancelRequested:
+			t.raiseLocked(session, tr, kind.CancelRequested.GetResponseId(), StopReasonFromCancel(kind.CancelRequested.GetReason()))
+		case *pb.LifecycleEvent_Ended:
+			reason := StopEnded
+			if kind.Ended.GetStatus() == pb.TerminalStatus_TERMINAL_STATUS_CANCELLED {
+				reason = StopReasonFromCancel(kind.Ended.GetReason())
+			}
+			t.raiseLocked(session, tr, kind.Ended.GetResponseId(), reason)
+		case *pb.LifecycleEvent_Terminated:
+			t.stopWhereLocked(session, tr, StopReasonFromCancel(kind.Terminated.GetReason()), func(registered) bool { return true })
+		}
+	}
+}
+
+// ticket is the registration ticket now: take it before sending a state
+// read, and the read's answer covers every response registered up to it.
+func (t *tracks) ticket() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.tickets
+}
+
+// applyState applies a state read of session sent at ticket.
+func (t *tracks) applyState(session string, s SessionState, ticket uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tr := t.m[session]
+	if tr == nil {
+		return
+	}
+	read := func(r registered) bool { return r.ticket <= ticket }
+	switch s.Phase {
+	case PhaseActive:
+		active := s.ResponseID
+		t.raiseLocked(session, tr, below(active), StopSuperseded)
+		if tr = t.m[session]; tr != nil {
+			t.stopWhereLocked(session, tr, StopGone, func(r registered) bool { return read(r) && r.l.id != active })
+		}
+	case PhaseTerminated:
+		t.stopWhereLocked(session, tr, StopShutdown, read)
+	default:
+		t.stopWhereLocked(session, tr, StopGone, read)
+	}
+}
+
+// applyGone: a read sent at ticket found the session missing (or
+// recreated): the responses it covered belong to a session that is gone.
+func (t *tracks) applyGone(session string, ticket uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if tr := t.m[session]; tr != nil {
+		t.stopWhereLocked(session, tr, StopGone, func(r registered) bool { return r.ticket <= ticket })
+	}
+}
+
+// releaseAll stops every tracked response as released and closes every
+// watch: the client is closing, nothing can learn about stops any more.
+// Later registrations are released at once.
+func (t *tracks) releaseAll() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	for _, session := range slices.Collect(maps.Keys(t.m)) {
+		if tr := t.m[session]; tr != nil {
+			t.stopWhereLocked(session, tr, StopReleased, func(registered) bool { return true })
+		}
+	}
+}
+
+// deadThrough and watched are for tests and WatchStatus.
+func (t *tracks) deadThrough(session string) (uint64, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tr := t.m[session]
+	if tr == nil {
+		return 0, false
+	}
+	return tr.deadThrough, true
+}
+
+func (t *tracks) watched(session string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tr := t.m[session]
+	return tr != nil && tr.watch != nil
+}
+
+func (t *tracks) size() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
+}
