@@ -20,7 +20,13 @@
 #      (3 replicas, PVCs, routes, fsync always, lame-duck preStop, probes,
 #      anti-affinity, PDB), and deploy/check_helm_values.py checks that the
 #      Helm values use only keys of the official chart and make the same
-#      choices.
+#      choices;
+#   6. deploy/check_sequence.py walks every `deploy-walk` command block of
+#      README.md and deploy/README.md in order, as a cluster would take it,
+#      and fails on a step that uses a namespace, CRD, Secret or Secret key
+#      that no earlier step created (or on a cluster-changing block left
+#      unmarked); then, with --self-test, proves it rejects broken copies of
+#      those blocks (the Secret before its namespace, a missing CRD, ...).
 #
 # The tools come from PyPI at the versions pinned in
 # deploy/check-requirements.txt, in a venv under target/deploy-check/ that is
@@ -105,6 +111,11 @@ if ! out=$("$nats_server" -t -c "$conf_dir/nats-server.conf" --name=nats-0 2>&1)
 fi
 echo "ok   deploy/kubernetes/nats-cluster/nats-server.conf: nats-server $NATS_SERVER_VERSION -t, valid"
 "$bin/python" deploy/check_helm_values.py deploy/helm/nats-values.yaml "$work/nats-cluster.yaml"
+
+# 6. The documented steps, walked in order (no cluster: each step's objects
+#    are rendered with the kubectl above), and the walker's own negative tests.
+"$bin/python" deploy/check_sequence.py --self-test "$bin/kubectl" "$K8S_VERSIONS" \
+  README.md deploy/README.md docs/*.md clients/*/README.md
 
 echo "deploy/check.sh: all checks passed in $((SECONDS - started))s" \
   "(kubectl $("$bin/kubectl" version --client -o json | "$bin/python" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'))"
