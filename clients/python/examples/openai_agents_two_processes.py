@@ -12,8 +12,12 @@ model is interrupted for that response.
 
     python examples/openai_agents_two_processes.py 127.0.0.1:50051 [--rounds 100] [--json]
 
-needs a respcoord server at that address (``respcoord serve``) and
-``pip install "respcoord[openai-agents]"``. The models are the SDK's own
+needs a respcoord server at that address (``respcoord serve``; ``cargo
+install --locked --path .`` from the repository root puts ``respcoord`` on
+the PATH) and, from the repository root, ``pip install
+"./clients/python[openai-agents]"``: the client from this checkout (it is
+not on PyPI) with the OpenAI Agents SDK, PyPI's ``openai-agents`` 0.24.0,
+imported as ``agents``. The models are the SDK's own
 scripted transport (``agents.realtime.testing.ScriptedRealtimeModel``)
 streaming silence every 5 ms: no network, no API key, no audio device. The
 report prints the audio events that reached A's application after A's gate
