@@ -1,0 +1,158 @@
+package respcoord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	client "github.com/respcoord/respcoord/clients/go"
+	pb "github.com/respcoord/respcoord/clients/go/respcoordv1"
+)
+
+// Option configures NewShared.
+type Option func(*shared)
+
+// WithTimeout bounds every Apply of the coordinator (the wait for an earlier
+// Apply included), instead of DefaultTimeout. The client's own retry policy
+// runs inside it: a call that is still retrying when it ends fails with the
+// deadline.
+func WithTimeout(d time.Duration) Option {
+	return func(s *shared) {
+		if d > 0 {
+			s.timeout = d
+		}
+	}
+}
+
+// NewShared returns a Coordinator for session sessionID whose decisions are
+// the respcoord server's, reached through c, so that every process running
+// the session (each with its own NewShared on the same session id) shares one
+// machine M3: at most one live response across all of them. Effects for this
+// process's responses are performed via sink, whichever process decided them.
+//
+// It sends nothing and never fails, so it replaces New(sink) in one line; a
+// session id the client refuses (empty, longer than 256 bytes, a control
+// character) makes every Apply return that error. The client is shared: one
+// per gateway process, for all its sessions. Close the Coordinator when the
+// session is done in this process.
+func NewShared(c *client.Client, sessionID string, sink EffectSink, opts ...Option) *Coordinator {
+	s := &shared{
+		session: sessionID,
+		timeout: DefaultTimeout,
+		closing: make(chan struct{}),
+		ids:     map[ResponseID]uint64{},
+	}
+	for _, opt := range opts {
+		opt(s)
+	}
+	if c == nil {
+		s.initErr = errors.New("respcoord: NewShared: nil client")
+	} else if session, err := c.Session(sessionID); err != nil {
+		s.initErr = err
+	} else {
+		s.remote = &clientSession{session: session}
+	}
+	return &Coordinator{sink: sink, turn: make(chan struct{}, 1), shared: s}
+}
+
+// clientSession is remoteSession over the Go client.
+type clientSession struct {
+	session *client.Session
+}
+
+// wireSource maps LocalAI's sources (client 0, vad 1) to the client's (which
+// are the wire's: client 1, vad 2); any other value is recorded as
+// unspecified, as the server records a source it is not told.
+func wireSource(s Source) client.Source {
+	switch s {
+	case SourceClient:
+		return client.SourceClient
+	case SourceVAD:
+		return client.SourceVAD
+	default:
+		return client.SourceUnspecified
+	}
+}
+
+func (cs *clientSession) start(ctx context.Context, src Source) (remoteResponse, error) {
+	r, err := cs.session.Start(ctx, wireSource(src))
+	if err != nil {
+		return nil, err
+	}
+	return &clientResponse{r: r}, nil
+}
+
+func (cs *clientSession) cancel(ctx context.Context, src Source) error {
+	_, err := cs.session.Cancel(ctx, wireSource(src))
+	if errors.Is(err, client.ErrNotFound) {
+		// The session does not exist (never started, or forgotten after
+		// its end): nothing is live, which is what Cancel wants.
+		return nil
+	}
+	return err
+}
+
+func (cs *clientSession) shutdown(ctx context.Context) error {
+	_, err := cs.session.Shutdown(ctx)
+	return err
+}
+
+// isSessionOver is the client's answer to a Start on a terminated session.
+func isSessionOver(err error) bool {
+	return errors.Is(err, client.ErrSessionTerminated)
+}
+
+// clientResponse is remoteResponse over the client's Response.
+type clientResponse struct {
+	r *client.Response
+	// sent: a Finish went out through the handle once and failed; the
+	// handle refuses a second, so a repeated Apply(Finished) goes over the
+	// raw stub (Finish is fenced by its id, so repeating it is safe).
+	sent bool
+}
+
+func (cr *clientResponse) id() uint64               { return cr.r.ID() }
+func (cr *clientResponse) stopped() <-chan struct{} { return cr.r.Done() }
+func (cr *clientResponse) release()                 { cr.r.Release() }
+
+func (cr *clientResponse) reason() stopKind {
+	switch cr.r.StopReason() {
+	case client.StopSuperseded:
+		return stopOther
+	case client.StopCancelled:
+		return stopCancelled
+	case client.StopShutdown, client.StopExpired, client.StopGone:
+		return stopSessionOver
+	case client.StopFinished:
+		return stopFinished
+	default:
+		// StopEnded (someone else reported Finish for this id) or
+		// StopReleased (the client was closed under the coordinator): the
+		// response is no longer live or can no longer be fenced, and
+		// nothing is known about the session beyond that.
+		return stopLost
+	}
+}
+
+// finish reports COMPLETED and says whether the server applied it.
+func (cr *clientResponse) finish(ctx context.Context) (bool, error) {
+	if cr.sent {
+		s := cr.r.Session()
+		reply, err := s.Client().Raw().Finish(ctx, &pb.FinishRequest{
+			SessionId:  s.ID(),
+			ResponseId: cr.r.ID(),
+			Status:     pb.TerminalStatus_TERMINAL_STATUS_COMPLETED,
+		})
+		if err != nil {
+			return false, fmt.Errorf("repeated Finish of response %d: %w", cr.r.ID(), err)
+		}
+		return reply.GetApplied(), nil
+	}
+	res, err := cr.r.Finish(ctx, client.TerminalCompleted)
+	if err != nil {
+		cr.sent = true
+		return false, err
+	}
+	return res.Outcome == client.FinishApplied, nil
+}
