@@ -258,6 +258,10 @@ type SessionState struct {
 	// Revision of the session's last event; 0 if it has none.
 	Revision         uint64 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
 	ResponsesStarted uint64 `protobuf:"varint,6,opt,name=responses_started,json=responsesStarted,proto3" json:"responses_started,omitempty"`
+	// When the session last changed: the unix_nanos of its event `revision`.
+	// Set in ListSessions answers (0 when that event's time is not known:
+	// none retained); 0 in other replies, which may fill it later.
+	ChangedUnixNanos int64 `protobuf:"varint,7,opt,name=changed_unix_nanos,json=changedUnixNanos,proto3" json:"changed_unix_nanos,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -330,6 +334,13 @@ func (x *SessionState) GetRevision() uint64 {
 func (x *SessionState) GetResponsesStarted() uint64 {
 	if x != nil {
 		return x.ResponsesStarted
+	}
+	return 0
+}
+
+func (x *SessionState) GetChangedUnixNanos() int64 {
+	if x != nil {
+		return x.ChangedUnixNanos
 	}
 	return 0
 }
@@ -1312,9 +1323,14 @@ func (x *ResponseStarted) GetSource() Source {
 }
 
 type ResponseCancelRequested struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ResponseId    uint64                 `protobuf:"varint,1,opt,name=response_id,json=responseId,proto3" json:"response_id,omitempty"`
-	Reason        CancelReason           `protobuf:"varint,2,opt,name=reason,proto3,enum=respcoord.v1.CancelReason" json:"reason,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ResponseId uint64                 `protobuf:"varint,1,opt,name=response_id,json=responseId,proto3" json:"response_id,omitempty"`
+	Reason     CancelReason           `protobuf:"varint,2,opt,name=reason,proto3,enum=respcoord.v1.CancelReason" json:"reason,omitempty"`
+	// Who asked for the cancel, for observability: the Cancel's source
+	// (REQUESTED), the superseding Start's source (SUPERSEDED). UNSPECIFIED
+	// for SHUTDOWN (ShutdownRequest has no source) and EXPIRED (no caller),
+	// and in events written before this field existed.
+	Source        Source `protobuf:"varint,3,opt,name=source,proto3,enum=respcoord.v1.Source" json:"source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1361,6 +1377,13 @@ func (x *ResponseCancelRequested) GetReason() CancelReason {
 		return x.Reason
 	}
 	return CancelReason_CANCEL_REASON_UNSPECIFIED
+}
+
+func (x *ResponseCancelRequested) GetSource() Source {
+	if x != nil {
+		return x.Source
+	}
+	return Source_SOURCE_UNSPECIFIED
 }
 
 type ResponseEnded struct {
@@ -1473,7 +1496,7 @@ var File_respcoord_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_respcoord_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
-	"\x1erespcoord/v1/coordinator.proto\x12\frespcoord.v1\"\x8a\x02\n" +
+	"\x1erespcoord/v1/coordinator.proto\x12\frespcoord.v1\"\xb8\x02\n" +
 	"\fSessionState\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12)\n" +
@@ -1481,7 +1504,8 @@ const file_respcoord_v1_coordinator_proto_rawDesc = "" +
 	"\x12active_response_id\x18\x03 \x01(\x04R\x10activeResponseId\x129\n" +
 	"\ractive_source\x18\x04 \x01(\x0e2\x14.respcoord.v1.SourceR\factiveSource\x12\x1a\n" +
 	"\brevision\x18\x05 \x01(\x04R\brevision\x12+\n" +
-	"\x11responses_started\x18\x06 \x01(\x04R\x10responsesStarted\"z\n" +
+	"\x11responses_started\x18\x06 \x01(\x04R\x10responsesStarted\x12,\n" +
+	"\x12changed_unix_nanos\x18\a \x01(\x03R\x10changedUnixNanos\"z\n" +
 	"\fStartRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
@@ -1559,11 +1583,12 @@ const file_respcoord_v1_coordinator_proto_rawDesc = "" +
 	"\x0fResponseStarted\x12\x1f\n" +
 	"\vresponse_id\x18\x01 \x01(\x04R\n" +
 	"responseId\x12,\n" +
-	"\x06source\x18\x02 \x01(\x0e2\x14.respcoord.v1.SourceR\x06source\"n\n" +
+	"\x06source\x18\x02 \x01(\x0e2\x14.respcoord.v1.SourceR\x06source\"\x9c\x01\n" +
 	"\x17ResponseCancelRequested\x12\x1f\n" +
 	"\vresponse_id\x18\x01 \x01(\x04R\n" +
 	"responseId\x122\n" +
-	"\x06reason\x18\x02 \x01(\x0e2\x1a.respcoord.v1.CancelReasonR\x06reason\"\x9a\x01\n" +
+	"\x06reason\x18\x02 \x01(\x0e2\x1a.respcoord.v1.CancelReasonR\x06reason\x12,\n" +
+	"\x06source\x18\x03 \x01(\x0e2\x14.respcoord.v1.SourceR\x06source\"\x9a\x01\n" +
 	"\rResponseEnded\x12\x1f\n" +
 	"\vresponse_id\x18\x01 \x01(\x04R\n" +
 	"responseId\x124\n" +
@@ -1661,28 +1686,29 @@ var file_respcoord_v1_coordinator_proto_depIdxs = []int32{
 	23, // 15: respcoord.v1.LifecycleEvent.terminated:type_name -> respcoord.v1.SessionTerminated
 	0,  // 16: respcoord.v1.ResponseStarted.source:type_name -> respcoord.v1.Source
 	3,  // 17: respcoord.v1.ResponseCancelRequested.reason:type_name -> respcoord.v1.CancelReason
-	2,  // 18: respcoord.v1.ResponseEnded.status:type_name -> respcoord.v1.TerminalStatus
-	3,  // 19: respcoord.v1.ResponseEnded.reason:type_name -> respcoord.v1.CancelReason
-	3,  // 20: respcoord.v1.SessionTerminated.reason:type_name -> respcoord.v1.CancelReason
-	5,  // 21: respcoord.v1.ResponseCoordinator.Start:input_type -> respcoord.v1.StartRequest
-	7,  // 22: respcoord.v1.ResponseCoordinator.Finish:input_type -> respcoord.v1.FinishRequest
-	9,  // 23: respcoord.v1.ResponseCoordinator.Cancel:input_type -> respcoord.v1.CancelRequest
-	11, // 24: respcoord.v1.ResponseCoordinator.Shutdown:input_type -> respcoord.v1.ShutdownRequest
-	13, // 25: respcoord.v1.ResponseCoordinator.GetState:input_type -> respcoord.v1.GetStateRequest
-	15, // 26: respcoord.v1.ResponseCoordinator.ListSessions:input_type -> respcoord.v1.ListSessionsRequest
-	17, // 27: respcoord.v1.ResponseCoordinator.Watch:input_type -> respcoord.v1.WatchRequest
-	6,  // 28: respcoord.v1.ResponseCoordinator.Start:output_type -> respcoord.v1.StartResponse
-	8,  // 29: respcoord.v1.ResponseCoordinator.Finish:output_type -> respcoord.v1.FinishResponse
-	10, // 30: respcoord.v1.ResponseCoordinator.Cancel:output_type -> respcoord.v1.CancelResponse
-	12, // 31: respcoord.v1.ResponseCoordinator.Shutdown:output_type -> respcoord.v1.ShutdownResponse
-	14, // 32: respcoord.v1.ResponseCoordinator.GetState:output_type -> respcoord.v1.GetStateResponse
-	16, // 33: respcoord.v1.ResponseCoordinator.ListSessions:output_type -> respcoord.v1.ListSessionsResponse
-	18, // 34: respcoord.v1.ResponseCoordinator.Watch:output_type -> respcoord.v1.WatchResponse
-	28, // [28:35] is the sub-list for method output_type
-	21, // [21:28] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	0,  // 18: respcoord.v1.ResponseCancelRequested.source:type_name -> respcoord.v1.Source
+	2,  // 19: respcoord.v1.ResponseEnded.status:type_name -> respcoord.v1.TerminalStatus
+	3,  // 20: respcoord.v1.ResponseEnded.reason:type_name -> respcoord.v1.CancelReason
+	3,  // 21: respcoord.v1.SessionTerminated.reason:type_name -> respcoord.v1.CancelReason
+	5,  // 22: respcoord.v1.ResponseCoordinator.Start:input_type -> respcoord.v1.StartRequest
+	7,  // 23: respcoord.v1.ResponseCoordinator.Finish:input_type -> respcoord.v1.FinishRequest
+	9,  // 24: respcoord.v1.ResponseCoordinator.Cancel:input_type -> respcoord.v1.CancelRequest
+	11, // 25: respcoord.v1.ResponseCoordinator.Shutdown:input_type -> respcoord.v1.ShutdownRequest
+	13, // 26: respcoord.v1.ResponseCoordinator.GetState:input_type -> respcoord.v1.GetStateRequest
+	15, // 27: respcoord.v1.ResponseCoordinator.ListSessions:input_type -> respcoord.v1.ListSessionsRequest
+	17, // 28: respcoord.v1.ResponseCoordinator.Watch:input_type -> respcoord.v1.WatchRequest
+	6,  // 29: respcoord.v1.ResponseCoordinator.Start:output_type -> respcoord.v1.StartResponse
+	8,  // 30: respcoord.v1.ResponseCoordinator.Finish:output_type -> respcoord.v1.FinishResponse
+	10, // 31: respcoord.v1.ResponseCoordinator.Cancel:output_type -> respcoord.v1.CancelResponse
+	12, // 32: respcoord.v1.ResponseCoordinator.Shutdown:output_type -> respcoord.v1.ShutdownResponse
+	14, // 33: respcoord.v1.ResponseCoordinator.GetState:output_type -> respcoord.v1.GetStateResponse
+	16, // 34: respcoord.v1.ResponseCoordinator.ListSessions:output_type -> respcoord.v1.ListSessionsResponse
+	18, // 35: respcoord.v1.ResponseCoordinator.Watch:output_type -> respcoord.v1.WatchResponse
+	29, // [29:36] is the sub-list for method output_type
+	22, // [22:29] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_respcoord_v1_coordinator_proto_init() }
