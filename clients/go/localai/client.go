@@ -122,15 +122,17 @@ func (cr *clientResponse) reason() stopKind {
 		return stopOther
 	case client.StopCancelled:
 		return stopCancelled
-	case client.StopShutdown, client.StopExpired, client.StopGone:
+	case client.StopShutdown, client.StopExpired:
 		return stopSessionOver
 	case client.StopFinished:
 		return stopFinished
 	default:
-		// StopEnded (someone else reported Finish for this id) or
-		// StopReleased (the client was closed under the coordinator): the
-		// response is no longer live or can no longer be fenced, and
-		// nothing is known about the session beyond that.
+		// StopGone (a state read after a broken watch found it no longer
+		// live: the session idle, another response live, or the session
+		// missing after a coordinator restart), StopEnded (someone else
+		// reported Finish for this id) or StopReleased (the client was
+		// closed under the coordinator): the response is over, or can no
+		// longer be fenced, and nothing more is known about the session.
 		return stopLost
 	}
 }

@@ -17,15 +17,15 @@ const (
 	stopOther stopKind = iota
 	// stopCancelled: a Cancel, from any process (the session is idle now).
 	stopCancelled
-	// stopSessionOver: Shutdown, idle expiry, or the session is gone (the
-	// coordinator restarted, or forgot it): nothing starts here again.
+	// stopSessionOver: Shutdown or idle expiry: nothing starts here again.
 	stopSessionOver
 	// stopFinished: this process's own Finish closed it; Apply(Finished)
 	// performs the terminal, the stop goroutine does nothing.
 	stopFinished
 	// stopLost: no longer live, or no longer fenceable, for a reason that
-	// says nothing about the session (another holder of the id finished
-	// it; the client was closed).
+	// says nothing certain about the session (found gone by a state read
+	// after a broken watch; another holder of the id finished it; the
+	// client was closed).
 	stopLost
 )
 

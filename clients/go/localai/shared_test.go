@@ -81,6 +81,11 @@ func TestSharedTable(t *testing.T) {
 	s.step(Cancel{Source: SourceClient}) // idle
 	s.state(Idle{})
 	s.step(Start{ID: 4, Source: SourceVAD}, StartResponse{ID: 4})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if st, err := cl.State(ctx, session); err != nil || st.ActiveSource != client.SourceVAD || st.ResponseID != mustServerID(t, c, 4) {
+		t.Fatalf("server state %+v (%v): want response %d live from the VAD", st, err, mustServerID(t, c, 4))
+	}
 	s.step(Shutdown{}, cancelled(4)...)
 	s.state(Terminated{})
 	s.step(Start{ID: 5, Source: SourceClient}) // refused: nothing starts after Terminated
@@ -89,8 +94,6 @@ func TestSharedTable(t *testing.T) {
 	s.step(Shutdown{})
 	s.state(Terminated{})
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	state, err := cl.State(ctx, session)
 	if err != nil {
 		t.Fatal(err)
