@@ -1,0 +1,209 @@
+package respcoord_test
+
+// The client's own behaviour against the real respcoord binary (memory
+// backend) on loopback: Run's outcomes, Finish at most once, Close, local
+// refusals, the watch pool.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	respcoord "github.com/respcoord/respcoord/clients/go"
+)
+
+// served is a client on a fresh respcoord binary.
+func served(t *testing.T, opts ...respcoord.Option) *respcoord.Client {
+	t.Helper()
+	server := startBinary(t, freePort(t))
+	return connect(t, server.target(), opts...)
+}
+
+func TestConnectFailsFastWhenNothingListens(t *testing.T) {
+	began := time.Now()
+	_, err := respcoord.Connect(context.Background(), fmt.Sprintf("127.0.0.1:%d", freePort(t)), respcoord.WithConnectTimeout(300*time.Millisecond))
+	if !errors.Is(err, respcoord.ErrUnavailable) || time.Since(began) > 5*time.Second {
+		t.Fatalf("%v after %s; want ErrUnavailable, fast", err, time.Since(began))
+	}
+}
+
+func TestRunReportsEachOutcome(t *testing.T) {
+	c := served(t)
+	s := session(t, c, "run-outcomes")
+	boom := errors.New("the model failed")
+	failed, err := s.Run(bg(), respcoord.SourceClient, func(context.Context, respcoord.Fence) error { return boom })
+	if err != nil || failed.Kind != respcoord.RunFailed || !errors.Is(failed.BodyErr, boom) || failed.Finish.Outcome != respcoord.FinishApplied {
+		t.Fatalf("failed body: %+v, %v", failed, err)
+	}
+	if st := state(t, s); st.Phase != respcoord.PhaseIdle || st.Revision != 2 {
+		t.Fatalf("after a failed body: %+v", st)
+	}
+	// A body that ignores its stop and returns nil afterwards is still Stopped: no Finish.
+	stoppedRun, err := s.Run(bg(), respcoord.SourceClient, func(ctx context.Context, fence respcoord.Fence) error {
+		if _, err := s.CancelIf(bg(), respcoord.SourceClient, fence.ID()); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		var stop *respcoord.StoppedError
+		if !errors.As(context.Cause(ctx), &stop) || stop.Reason != respcoord.StopCancelled || fence.IsCurrent() {
+			return fmt.Errorf("cause %v, fence current %v", context.Cause(ctx), fence.IsCurrent())
+		}
+		return nil
+	})
+	if err != nil || stoppedRun.Kind != respcoord.RunStopped || stoppedRun.Reason != respcoord.StopCancelled {
+		t.Fatalf("stopped body: %+v, %v", stoppedRun, err)
+	}
+}
+
+func TestRunEndedByTheCallersContextReleasesTheResponse(t *testing.T) {
+	c := served(t)
+	s := session(t, c, "run-caller")
+	ctx, cancel := context.WithCancel(bg())
+	var fence respcoord.Fence
+	_, err := s.Run(ctx, respcoord.SourceClient, func(bctx context.Context, f respcoord.Fence) error {
+		fence = f
+		cancel()
+		<-bctx.Done()
+		return bctx.Err()
+	})
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, respcoord.ErrCancelled) {
+		t.Fatalf("%v; want the caller's cancellation", err)
+	}
+	if fence.IsCurrent() || fence.StopReason() != respcoord.StopReleased {
+		t.Fatalf("fence: current %v, reason %q", fence.IsCurrent(), fence.StopReason())
+	}
+	// Released sends nothing: the coordinator still has it live.
+	if st := state(t, s); st.Phase != respcoord.PhaseActive || st.ResponseID != fence.ID() {
+		t.Fatalf("%+v", st)
+	}
+}
+
+func TestAPanickingBodyReleasesItsResponse(t *testing.T) {
+	c := served(t)
+	s := session(t, c, "run-panic")
+	var fence respcoord.Fence
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the panic did not reach the caller")
+			}
+		}()
+		_, _ = s.Run(bg(), respcoord.SourceClient, func(_ context.Context, f respcoord.Fence) error {
+			fence = f
+			panic("a bug in the body")
+		})
+	}()
+	if fence.IsCurrent() || fence.StopReason() != respcoord.StopReleased {
+		t.Fatalf("fence: current %v, reason %q", fence.IsCurrent(), fence.StopReason())
+	}
+	until(t, "the session's watch closes", func() bool { return c.WatchStatus().Open == 0 })
+}
+
+func TestFinishIsSentAtMostOnce(t *testing.T) {
+	c := served(t)
+	r := start(t, session(t, c, "finish-once"), respcoord.SourceClient)
+	first, err := r.Finish(bg(), respcoord.TerminalCompleted)
+	if err != nil || first.Outcome != respcoord.FinishApplied || first.State.Phase != respcoord.PhaseIdle {
+		t.Fatalf("%+v, %v", first, err)
+	}
+	if r.IsCurrent() || r.StopReason() != respcoord.StopFinished {
+		t.Fatalf("after Finish: current %v, reason %q", r.IsCurrent(), r.StopReason())
+	}
+	if _, err := r.Finish(bg(), respcoord.TerminalCompleted); !errors.Is(err, respcoord.ErrAlreadyFinished) {
+		t.Fatalf("second Finish: %v", err)
+	}
+	r2 := start(t, session(t, c, "finish-once"), respcoord.SourceClient)
+	if _, err := r2.Finish(bg(), respcoord.Terminal(2)); !errors.Is(err, respcoord.ErrInvalidArgument) {
+		t.Fatalf("Finish(CANCELLED): %v", err)
+	}
+	ok, err := r2.Cancel(bg(), respcoord.SourceClient)
+	if err != nil || !ok {
+		t.Fatalf("Cancel: %v, %v", ok, err)
+	}
+	ok, err = r2.Cancel(bg(), respcoord.SourceClient)
+	if err != nil || ok {
+		t.Fatalf("a second Cancel: %v, %v; want false", ok, err)
+	}
+	if reason := stopped(t, "the cancel reaches the handle", r2); reason != respcoord.StopCancelled {
+		t.Fatalf("%q", reason)
+	}
+	if cause := context.Cause(r2.Context()); !errors.Is(cause, respcoord.ErrStopped) {
+		t.Fatalf("context cause %v", cause)
+	}
+}
+
+func TestMalformedRequestsAreRefusedBeforeAnythingIsSent(t *testing.T) {
+	c := served(t)
+	var e *respcoord.Error
+	if _, err := c.Session("tab\there"); !errors.As(err, &e) || e.Field != "session_id" || e.Attempts != 0 {
+		t.Fatalf("Session: %v", err)
+	}
+	s := session(t, c, "refused")
+	if _, err := s.Start(bg(), respcoord.SourceClient, respcoord.WithRequestID("")); !errors.As(err, &e) || e.Field != "request_id" {
+		t.Fatalf("empty request id: %v", err)
+	}
+	if _, err := s.Start(bg(), respcoord.Source(9)); !errors.As(err, &e) || e.Field != "source" {
+		t.Fatalf("unknown source: %v", err)
+	}
+	if _, err := s.CancelIf(bg(), respcoord.SourceClient, 0); !errors.As(err, &e) || e.Field != "if_response_id" {
+		t.Fatalf("CancelIf 0: %v", err)
+	}
+	ctx, cancel := context.WithCancel(bg())
+	cancel()
+	if _, err := s.Start(ctx, respcoord.SourceClient); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Start with a cancelled context: %v", err)
+	}
+	// Nothing reached the coordinator: the session does not exist.
+	if _, err := s.State(bg()); !errors.Is(err, respcoord.ErrNotFound) || !errors.As(err, &e) || e.Code != codes.NotFound {
+		t.Fatalf("State: %v", err)
+	}
+	// The coordinator's own INVALID_ARGUMENT names its field too.
+	if _, err := s.Start(bg(), respcoord.SourceClient, respcoord.WithRequestID(string(make([]byte, 129)))); !errors.As(err, &e) || e.Field != "request_id" {
+		t.Fatalf("long request id: %v", err)
+	}
+}
+
+func TestCloseFailsEveryFenceClosedAndLaterCalls(t *testing.T) {
+	c := served(t)
+	r := start(t, session(t, c, "close"), respcoord.SourceClient)
+	fence := r.Fence()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if fence.IsCurrent() || fence.StopReason() != respcoord.StopReleased || r.IsCurrent() {
+		t.Fatalf("after Close: current %v, reason %q", fence.IsCurrent(), fence.StopReason())
+	}
+	if _, err := session(t, c, "close").Start(bg(), respcoord.SourceClient); !errors.Is(err, respcoord.ErrClosed) {
+		t.Fatalf("Start after Close: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("a second Close: %v", err)
+	}
+	if c.WatchStatus().Open != 0 {
+		t.Fatalf("%+v", c.WatchStatus())
+	}
+	var zero respcoord.Fence
+	if zero.IsCurrent() || zero.ID() != 0 {
+		t.Fatal("the zero Fence must fail closed")
+	}
+}
+
+func TestTheWatchPoolAddsAConnectionWhenEveryOneIsFull(t *testing.T) {
+	c := served(t, respcoord.WithStreamsPerConnection(2))
+	var responses []*respcoord.Response
+	for i := range 5 {
+		responses = append(responses, start(t, session(t, c, fmt.Sprintf("pool-%d", i)), respcoord.SourceClient))
+	}
+	until(t, "every watch is established", func() bool { return c.WatchStatus().Opened == 5 })
+	if st := c.WatchStatus(); st.Open != 5 || st.Connections != 3 {
+		t.Fatalf("%+v; want 5 watches on 3 connections", st)
+	}
+	for _, r := range responses {
+		r.Release()
+	}
+	until(t, "the last release closes each watch", func() bool { return c.WatchStatus().Open == 0 })
+}
