@@ -243,7 +243,8 @@ func (s *shared) applyFinished(ctx context.Context, c *Coordinator, ev Finished)
 		return nil
 	}
 	// The server had stopped it before the Finish arrived; the stop is on
-	// its way over the watch. It ends here as a stop does.
+	// its way over the watch, or already here. It ends as a stop does.
+	s.noteStopLocked(o.remote.reason())
 	c.perform(CancelResponse{ID: o.local}, EmitTerminal{ID: o.local, Status: StatusCancelled})
 	return nil
 }

@@ -133,9 +133,15 @@ func mustServerID(t *testing.T, c *Coordinator, id ResponseID) uint64 {
 // each) against the server, then a Shutdown so every started response must
 // have its terminal; the sink's log is checked on its own and against the
 // server's record of the session.
+//
+// With -short it walks two of the seeds.
 func TestSharedRandomWalk(t *testing.T) {
 	cl := connect(t, testServer(t))
-	for _, seed := range walkSeeds {
+	seeds := walkSeeds
+	if testing.Short() {
+		seeds = seeds[:2]
+	}
+	for _, seed := range seeds {
 		session := sessionName(t) + fmt.Sprint("/", seed)
 		c, sink := newShared(t, cl, session)
 		if _, err := walk(c, rand.New(rand.NewPCG(seed, 0xA5A5A5A5)), 3000); err != nil {

@@ -158,9 +158,10 @@ func (e EmitTerminal) String() string {
 
 // EffectSink performs effects. Perform is called with the coordinator's
 // effect lock held, from Apply or from the goroutine that delivers stops
-// decided elsewhere, so it must not block and must not call Apply on the same
-// coordinator (LocalAI's contract, unchanged): spawn a goroutine, call a
-// cancel func, or make a non-blocking send.
+// decided elsewhere, so it must not block and must not call Apply or State on
+// the same coordinator (LocalAI's contract, unchanged; State takes the same
+// lock in both): spawn a goroutine, call a cancel func, or make a
+// non-blocking send. ServerID is safe to call from Perform.
 //
 // It is a plain interface rather than LocalAI's alias of its generic
 // coordinator.Sink[Effect]; both have the single method Perform(Effect), so
