@@ -162,8 +162,21 @@ func (s *shared) applyStart(ctx context.Context, c *Coordinator, ev Start) error
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if s.closed {
+		// Closed while the call was out: nothing may be started or
+		// watched any more. The server's response is left to be
+		// superseded, cancelled or expired, like any released one.
+		r.release()
+		return fmt.Errorf("respcoord: %v: %w", ev, ErrClosed)
+	}
 	s.stopOwnLocked(c)
 	s.othersLive = false
+	if s.terminated {
+		// Learned while the call was out that the session is over:
+		// nothing starts after Terminated, whatever the reply said.
+		r.release()
+		return nil
+	}
 	select {
 	case <-r.stopped():
 		// Stopped between the server's answer and now, by a decision of

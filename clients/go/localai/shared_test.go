@@ -385,3 +385,31 @@ func TestSharedServerLost(t *testing.T) {
 	eventually(t, sink, 1, CancelResponse{ID: 1}, EmitTerminal{ID: 1, Status: StatusCancelled})
 	s.state(Terminated{})
 }
+
+// TestSharedClose: Close lets go of the session in this process only. The
+// server is not told (the response stays live there, for the other process to
+// supersede), the sink gets nothing more, and Apply answers ErrClosed.
+func TestSharedClose(t *testing.T) {
+	target := testServer(t)
+	session := sessionName(t)
+	a, aSink := newShared(t, connect(t, target), session)
+	b, bSink := newShared(t, connect(t, target), session)
+	stepper{t, a, aSink}.step(Start{ID: 1, Source: SourceClient}, StartResponse{ID: 1})
+	a.Close()
+	if err := a.Apply(Start{ID: 2, Source: SourceClient}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Apply after Close = %v, want ErrClosed", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cl := connect(t, target)
+	st, err := cl.State(ctx, session)
+	if err != nil || st.Phase != client.PhaseActive || st.ResponseID != mustServerID(t, a, 1) {
+		t.Fatalf("server state after Close %+v (%v): want A's response still live", st, err)
+	}
+	stepper{t, b, bSink}.step(Start{ID: 1, Source: SourceVAD}, StartResponse{ID: 1})
+	time.Sleep(100 * time.Millisecond) // room for a stop to arrive, if A still watched
+	if got := aSink.snapshot(); len(got) != 1 {
+		t.Fatalf("A's sink after Close: %v, want only its start", got)
+	}
+	a.Close() // twice is fine
+}
