@@ -14,7 +14,7 @@ import (
 // The tests of shared coordinators run against the real server binary, as
 // every client's tests in this repository do: built by
 // `cargo build --locked --bin respcoord` at the repository root, or named by
-// RESPCOORD_BIN.
+// RESPCOORD_SERVER_BIN.
 
 var (
 	serverOnce   sync.Once
@@ -24,7 +24,7 @@ var (
 )
 
 func serverBinary() string {
-	if bin := os.Getenv("RESPCOORD_BIN"); bin != "" {
+	if bin := os.Getenv("RESPCOORD_SERVER_BIN"); bin != "" {
 		return bin
 	}
 	return filepath.Join("..", "..", "..", "target", "debug", "respcoord")
@@ -43,7 +43,7 @@ func testServer(t testing.TB) string {
 		serverTarget, serverProc, serverErr = startServer(serverBinary(), "--session-history", "200000")
 	})
 	if serverErr != nil {
-		t.Fatalf("respcoord server: %v (build it with `cargo build --locked --bin respcoord` at the repository root, or set RESPCOORD_BIN)", serverErr)
+		t.Fatalf("respcoord server: %v (build it with `cargo build --locked --bin respcoord` at the repository root, or set RESPCOORD_SERVER_BIN)", serverErr)
 	}
 	return serverTarget
 }
