@@ -86,25 +86,33 @@ func (p *watchPool) status() WatchStatus {
 	}
 }
 
-// acquire is the first pooled connection with room, or a new one.
+// acquire is the first pooled connection with room, or a new one. It counts
+// the watch in the wait group under the same lock that close takes first,
+// so close never waits on a group that can still grow.
 func (p *watchPool) acquire() (*slot, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil, ErrClosed
 	}
-	for _, s := range p.slots {
-		if s.streams < p.streamsPerConn {
-			s.streams++
-			return s, nil
+	var s *slot
+	for _, candidate := range p.slots {
+		if candidate.streams < p.streamsPerConn {
+			s = candidate
+			break
 		}
 	}
-	conn, err := p.dial()
-	if err != nil {
-		return nil, err
+	if s == nil {
+		// grpc.NewClient does not dial: it only checks the target.
+		conn, err := p.dial()
+		if err != nil {
+			return nil, err
+		}
+		s = &slot{conn: conn, stub: pb.NewResponseCoordinatorClient(conn)}
+		p.slots = append(p.slots, s)
 	}
-	s := &slot{conn: conn, stub: pb.NewResponseCoordinatorClient(conn), streams: 1}
-	p.slots = append(p.slots, s)
+	s.streams++
+	p.wg.Add(1)
 	return s, nil
 }
 
@@ -119,11 +127,11 @@ func (p *watchPool) releaseSlot(s *slot) {
 func (p *watchPool) openWatch(order *watchOrder) {
 	s, err := p.acquire()
 	if err != nil {
-		// Only a closed client gets here; its responses are released.
+		// A closed client (its responses are released), or a target
+		// grpc.NewClient refused, which Connect already accepted once.
 		return
 	}
 	p.open.Add(1)
-	p.wg.Add(1)
 	w := &sessionWatch{
 		pool:          p,
 		stub:          s.stub,
