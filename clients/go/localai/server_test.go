@@ -17,10 +17,9 @@ import (
 // RESPCOORD_SERVER_BIN.
 
 var (
-	serverOnce   sync.Once
-	serverTarget string
-	serverErr    error
-	serverProc   *exec.Cmd
+	serverOnce sync.Once
+	theServer  *server
+	serverErr  error
 )
 
 func serverBinary() string {
@@ -40,70 +39,88 @@ func testServer(t testing.TB) string {
 		// Deep per-session history, so a test can read a whole session's
 		// events back from revision 0 to check the sinks against the
 		// server's own record.
-		serverTarget, serverProc, serverErr = startServer(serverBinary(), "--session-history", "200000")
+		theServer, serverErr = startServer(serverBinary(), "--session-history", "200000")
 	})
 	if serverErr != nil {
 		t.Fatalf("respcoord server: %v (build it with `cargo build --locked --bin respcoord` at the repository root, or set RESPCOORD_SERVER_BIN)", serverErr)
 	}
-	return serverTarget
+	return theServer.addr
 }
 
-// startServer runs `respcoord serve` on a free loopback port and waits until
-// the port accepts connections. The port is found by binding :0 and letting
-// it go, so another process can take it in between; a bind failure is retried
-// on a new port.
-func startServer(bin string, args ...string) (string, *exec.Cmd, error) {
+// server is one running `respcoord serve`.
+type server struct {
+	addr     string
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	err      error // how it exited, once exited is closed
+	killOnce sync.Once
+}
+
+// kill stops the server and waits until it has exited (its port closed).
+func (s *server) kill() {
+	s.killOnce.Do(func() { _ = s.cmd.Process.Kill() })
+	<-s.exited
+}
+
+// serve runs `respcoord serve` on addr and waits until the port accepts
+// connections.
+func serve(bin, addr string, args ...string) (*server, error) {
+	cmd := exec.Command(bin, append([]string{"serve", "--listen", addr}, args...)...)
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &server{addr: addr, cmd: cmd, exited: make(chan struct{})}
+	go func() { s.err = cmd.Wait(); close(s.exited) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if conn, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			conn.Close()
+			return s, nil
+		}
+		select {
+		case <-s.exited:
+			return nil, fmt.Errorf("%s exited before accepting on %s: %v", bin, addr, s.err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	s.kill()
+	return nil, fmt.Errorf("%s did not accept on %s within 20s", bin, addr)
+}
+
+// startServer runs a server on a free loopback port. The port is found by
+// binding :0 and letting it go, so another process can take it in between;
+// a server that cannot bind exits, and is tried again on a new port.
+func startServer(bin string, args ...string) (*server, error) {
 	if _, err := os.Stat(bin); err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return "", nil, err
+			return nil, err
 		}
 		addr := l.Addr().String()
 		l.Close()
-		cmd := exec.Command(bin, append([]string{"serve", "--listen", addr}, args...)...)
-		cmd.Stdout, cmd.Stderr = nil, nil
-		if err := cmd.Start(); err != nil {
-			return "", nil, err
+		s, err := serve(bin, addr, args...)
+		if err == nil {
+			return s, nil
 		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			conn, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-			if err == nil {
-				conn.Close()
-				return addr, cmd, nil
-			}
-			select {
-			case err := <-exited:
-				lastErr = fmt.Errorf("%s exited before accepting: %v", bin, err)
-			case <-time.After(20 * time.Millisecond):
-				continue
-			}
-			break
-		}
-		if lastErr == nil {
-			_ = cmd.Process.Kill()
-			return "", nil, fmt.Errorf("%s did not accept on %s within 20s", bin, addr)
-		}
+		lastErr = err
 	}
-	return "", nil, lastErr
+	return nil, lastErr
 }
 
 // ownServer starts a server for one test alone (a short idle TTL, or one the
 // test kills), stopped when the test ends.
-func ownServer(t *testing.T, args ...string) (string, *exec.Cmd) {
+func ownServer(t *testing.T, args ...string) *server {
 	t.Helper()
-	target, cmd, err := startServer(serverBinary(), args...)
+	s, err := startServer(serverBinary(), args...)
 	if err != nil {
 		t.Fatalf("respcoord server: %v", err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	return target, cmd
+	t.Cleanup(s.kill)
+	return s
 }
 
 func TestMain(m *testing.M) {
@@ -111,8 +128,8 @@ func TestMain(m *testing.M) {
 		return
 	}
 	code := m.Run()
-	if serverProc != nil {
-		_ = serverProc.Process.Kill()
+	if theServer != nil {
+		theServer.kill()
 	}
 	os.Exit(code)
 }

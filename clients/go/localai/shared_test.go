@@ -264,8 +264,8 @@ func TestSharedRemoteStops(t *testing.T) {
 // TestSharedExpiry: the server's idle expiry stops the live response like a
 // Shutdown decided elsewhere.
 func TestSharedExpiry(t *testing.T) {
-	target, _ := ownServer(t, "--session-idle-ttl", "1s")
-	c, sink := newShared(t, connect(t, target), sessionName(t))
+	srv := ownServer(t, "--session-idle-ttl", "1s")
+	c, sink := newShared(t, connect(t, srv.addr), sessionName(t))
 	s := stepper{t, c, sink}
 	s.step(Start{ID: 1, Source: SourceClient}, StartResponse{ID: 1})
 	deadline := time.Now().Add(10 * time.Second)
@@ -359,15 +359,12 @@ func TestSharedUnreachable(t *testing.T) {
 // leaves the coordinator Terminated, so the session's teardown never waits on
 // the server.
 func TestSharedServerLost(t *testing.T) {
-	target, cmd := ownServer(t)
+	srv := ownServer(t)
 	const timeout = 300 * time.Millisecond
-	c, sink := newShared(t, connect(t, target), sessionName(t), WithTimeout(timeout))
+	c, sink := newShared(t, connect(t, srv.addr), sessionName(t), WithTimeout(timeout))
 	s := stepper{t, c, sink}
 	s.step(Start{ID: 1, Source: SourceClient}, StartResponse{ID: 1})
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_, _ = cmd.Process.Wait()
+	srv.kill()
 
 	began := time.Now()
 	if err := c.Apply(Start{ID: 2, Source: SourceVAD}); err == nil {
@@ -430,4 +427,33 @@ func TestSharedClose(t *testing.T) {
 		t.Fatalf("A's sink after Close: %v, want only its start", got)
 	}
 	a.Close() // twice is fine
+}
+
+// TestSharedCoordinatorRestart: the in-memory server restarts (on the same
+// port) while this process runs a response. The client's watch breaks,
+// reconnects, and its state read finds the session gone: the response is
+// stopped (CancelResponse, EmitTerminal(cancelled)) from the watch. That is
+// not the session's end: the coordinator is Idle, and the next Start runs in
+// the session the restarted server creates.
+func TestSharedCoordinatorRestart(t *testing.T) {
+	srv := ownServer(t)
+	c, sink := newShared(t, connect(t, srv.addr), sessionName(t))
+	s := stepper{t, c, sink}
+	s.step(Start{ID: 1, Source: SourceClient}, StartResponse{ID: 1})
+	srv.kill()
+	again, err := serve(serverBinary(), srv.addr)
+	if err != nil {
+		t.Fatalf("restarting on %s: %v", srv.addr, err)
+	}
+	t.Cleanup(again.kill)
+	deadline := time.Now().Add(15 * time.Second)
+	for len(sink.snapshot()) < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	eventually(t, sink, 1, CancelResponse{ID: 1}, EmitTerminal{ID: 1, Status: StatusCancelled})
+	s.state(Idle{})
+	s.step(Start{ID: 2, Source: SourceClient}, StartResponse{ID: 2})
+	if a, b := mustServerID(t, c, 1), mustServerID(t, c, 2); b <= a {
+		t.Fatalf("server ids %d then %d across the restart: not increasing", a, b)
+	}
 }
