@@ -77,9 +77,12 @@
 //     request id make sure it is not started twice; if every retry failed,
 //     the server may hold a response nobody runs until the next Start or
 //     Cancel supersedes it, or the session expires.)
-//   - Finished performs nothing; the response stays live here. Its terminal
-//     comes with the next decision that ends it (a later Start, a Cancel, a
-//     stop from elsewhere, Shutdown).
+//   - Finished performs nothing; the response stays live here (State says
+//     Active). Applying Finished again retries the Finish, which its id
+//     fences; otherwise the terminal comes with the next Start, Cancel or
+//     Shutdown of this Coordinator. (The client stopped watching the
+//     response when its Finish went out, so a stop from elsewhere is no
+//     longer delivered for it.)
 //   - Cancel performs nothing: the live response keeps running.
 //   - Shutdown still cancels this process's response and makes the
 //     Coordinator Terminated (the session is being torn down and must not
