@@ -275,12 +275,11 @@ class Walk:
             if not os.path.isdir(target):
                 self.problem(step, f"{target}: no such directory")
                 continue
-            rendered = subprocess.run([self.kubectl, "kustomize", target], check=False, capture_output=True,
-                                      text=True)
-            if rendered.returncode != 0:
-                self.problem(step, f"kubectl kustomize {target} failed: {rendered.stderr.strip()}")
+            code, out, err = kustomize(self.kubectl, target)
+            if code != 0:
+                self.problem(step, f"kubectl kustomize {target} failed: {err.strip()}")
                 continue
-            objects += [o for o in yaml.safe_load_all(rendered.stdout) if o]
+            objects += [o for o in yaml.safe_load_all(out) if o]
         for target in flags.get("-f", []) + flags.get("--filename", []):
             if target == "-" or "://" in target:
                 self.problem(step, f"-f {target}: the walker reads only files in this repository")
@@ -383,6 +382,13 @@ class Walk:
         elif not self.namespace_exists(step, namespace, f"Helm release {release}"):
             return
         self.cluster.helm_namespaces.add(namespace)
+
+
+@functools.cache
+def kustomize(kubectl, target):
+    """(exit code, stdout, stderr) of `kubectl kustomize TARGET`: once per directory and run."""
+    rendered = subprocess.run([kubectl, "kustomize", target], check=False, capture_output=True, text=True)
+    return rendered.returncode, rendered.stdout, rendered.stderr
 
 
 @functools.cache
