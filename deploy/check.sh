@@ -4,9 +4,10 @@
 #   1. hadolint lints deploy/Dockerfile; deploy/check_image.py checks that
 #      it builds and ships both respcoord and respcoordctl, and that the
 #      context its .dockerignore leaves holds a workspace cargo can load;
-#   2. `kubectl kustomize` renders the base, both overlays, the example
-#      compositions with the optional components (TLS, auth tokens, NATS
-#      creds and TLS), and the NATS cluster (deploy/kubernetes/nats-cluster);
+#   2. `kubectl kustomize` renders the base, the overlays (memory, nats,
+#      nats-secured), the example compositions with the optional components
+#      (TLS, auth tokens, NATS creds and TLS, the ServiceMonitor), and the
+#      NATS cluster (deploy/kubernetes/nats-cluster);
 #   3. deploy/check_manifests.py validates each rendering against the
 #      Kubernetes schemas of $K8S_VERSIONS (strict: unknown fields fail), the
 #      ServiceMonitor against the Prometheus Operator's CRD models, and the
