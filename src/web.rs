@@ -83,9 +83,11 @@ impl WebView {
     }
 }
 
-/// The routes: the page under `/ui/`, the API under `/api/v1/`.
+/// The routes: the page under `/ui/` (and `/`, which sends a browser
+/// there), the API under `/api/v1/`.
 pub fn router(view: WebView) -> Router {
     Router::new()
+        .route("/", get(|| async { axum::response::Redirect::to("/ui/") }))
         .route(
             "/ui",
             get(|| async { axum::response::Redirect::permanent("/ui/") }),
@@ -200,6 +202,38 @@ impl IntoResponse for ApiError {
         }
         response
     }
+}
+
+/// A query string, refused as the API refuses anything else: 400 with
+/// `{"error": ...}` naming the parameter (axum's own `Query` answers
+/// `text/plain`).
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for ApiQuery<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(query)) => Ok(ApiQuery(query)),
+            Err(rejection) => Err(ApiError::invalid(query_error(&rejection.body_text()))),
+        }
+    }
+}
+
+/// axum's "Failed to deserialize query string: limit: invalid digit found
+/// in string" as "query: limit: invalid digit found in string".
+fn query_error(text: &str) -> String {
+    let detail = text
+        .strip_prefix("Failed to deserialize query string: ")
+        .unwrap_or(text);
+    format!("query: {detail}")
 }
 
 /// One server-sent event with a JSON body.
@@ -325,7 +359,7 @@ async fn list(view: &WebView, headers: &HeaderMap, query: &ListQuery) -> Result<
 async fn sessions(
     State(view): State<WebView>,
     headers: HeaderMap,
-    Query(query): Query<ListQuery>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Response, ApiError> {
     let listing = list(&view, &headers, &query).await?;
     Ok(axum::Json(listing.json()).into_response())
@@ -453,7 +487,7 @@ async fn history(
 async fn session(
     State(view): State<WebView>,
     headers: HeaderMap,
-    Query(query): Query<SessionQuery>,
+    ApiQuery(query): ApiQuery<SessionQuery>,
 ) -> Result<Response, ApiError> {
     let history = history(&view, &headers, &query.id, 0).await?;
     Ok(axum::Json(history.json()).into_response())

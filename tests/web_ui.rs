@@ -41,6 +41,12 @@ fn unique(tag: &str) -> String {
 
 /// A GET with an optional bearer token: status and body.
 async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    let (status, _, body) = get_with_head(addr, path, token).await;
+    (status, body)
+}
+
+/// A GET: status, head (status line and headers, lower-cased) and body.
+async fn get_with_head(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String, String) {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream
         .write_all(request(addr, path, token).as_bytes())
@@ -61,7 +67,7 @@ async fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String)
     } else {
         body.to_owned()
     };
-    (status, body)
+    (status, head.to_ascii_lowercase(), body)
 }
 
 fn request(addr: SocketAddr, path: &str, token: Option<&str>) -> String {
@@ -383,6 +389,40 @@ async fn the_sessions_page_lists_by_prefix_and_follows_changes() {
     server.stop().await;
 }
 
+/// A query the API cannot read is the documented 400 with `{"error"}`
+/// naming the parameter, on every route (not axum's `text/plain`); and `/`
+/// sends a browser to the page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_query_is_a_json_400_and_the_root_leads_to_the_page() {
+    let server = web_server(CoordConfig::default(), None).await;
+    let web = server.metrics_addr;
+    for path in [
+        "/api/v1/sessions?limit=abc",
+        "/api/v1/sessions/feed?after_seq=-1",
+        "/api/v1/session?id=x&after_revision=soon",
+        "/api/v1/session",
+        "/api/v1/session/feed?id=x&after_revision=1.5",
+    ] {
+        let (status, head, body) = get_with_head(web, path, None).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(
+            head.contains("content-type: application/json"),
+            "{path}: {head}"
+        );
+        let error = json(&body)["error"].as_str().unwrap().to_owned();
+        assert!(error.starts_with("query: "), "{path}: {error}");
+    }
+    let (_, _, body) = get_with_head(web, "/api/v1/sessions?limit=abc", None).await;
+    let error = json(&body)["error"].as_str().unwrap().to_owned();
+    assert!(error.contains("limit"), "{error}");
+
+    let (status, head, _) = get_with_head(web, "/", None).await;
+    assert!((300..400).contains(&status), "{status} {head}");
+    assert!(head.contains("location: /ui/"), "{head}");
+    assert_eq!(http_get(web, "/ui/").await.0, 200);
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_and_their_scopes_hold_on_the_web_view_too() {
     let tokens = Tokens::parse(&format!("{TENANT_A} tenant-a/\n{ADMIN} *\n")).unwrap();
@@ -539,6 +579,7 @@ async fn a_reader_too_slow_for_its_session_is_dropped_without_slowing_calls() {
 async fn the_web_view_is_off_unless_asked_for() {
     let server = TestServer::start().await;
     assert_eq!(http_get(server.metrics_addr, "/ui/").await.0, 404);
+    assert_eq!(http_get(server.metrics_addr, "/").await.0, 404);
     assert_eq!(
         http_get(server.metrics_addr, "/api/v1/sessions").await.0,
         404

@@ -283,10 +283,28 @@ const SUPPORTED_FROM: (u64, u64, u64) = (2, 10, 0);
 /// The newest release line the test command runs (docs/cluster.md,
 /// "Supported NATS"). A newer 2.x starts with a warning: JetStream has
 /// moved error codes between lines before (`failure`).
-const TESTED_THROUGH_MINOR: u64 = 15;
+const TESTED_THROUGH_MINOR: u64 = 14;
 
-/// Refuses a nats-server outside the supported range, saying why.
+/// A supported nats-server, tested or newer than any line tested.
+#[derive(Debug, PartialEq, Eq)]
+enum Support {
+    Tested,
+    Newer,
+}
+
+/// Refuses a nats-server outside the supported range, saying why; warns of
+/// one newer than the lines tested.
 fn check_server_version(server_version: &str) -> Result<(), String> {
+    if support(server_version)? == Support::Newer {
+        tracing::warn!(
+            nats_server = server_version,
+            "nats-server is newer than the newest line respcoord is tested with (tested through 2.{TESTED_THROUGH_MINOR})"
+        );
+    }
+    Ok(())
+}
+
+fn support(server_version: &str) -> Result<Support, String> {
     let mut parts = server_version
         .split(|c: char| !c.is_ascii_digit())
         .filter(|p| !p.is_empty())
@@ -306,12 +324,9 @@ fn check_server_version(server_version: &str) -> Result<(), String> {
         ));
     }
     if version.1 > TESTED_THROUGH_MINOR {
-        tracing::warn!(
-            nats_server = server_version,
-            "nats-server is newer than the newest line respcoord is tested with (2.{TESTED_THROUGH_MINOR})"
-        );
+        return Ok(Support::Newer);
     }
-    Ok(())
+    Ok(Support::Tested)
 }
 
 /// `url` with any user, password or token in it replaced, for messages.
@@ -377,7 +392,7 @@ async fn ensure_bucket(
 
 #[cfg(test)]
 mod tests {
-    use super::{check_server_version, redacted_url};
+    use super::{check_server_version, redacted_url, support, Support, TESTED_THROUGH_MINOR};
 
     #[test]
     fn servers_from_2_10_on_are_supported_and_older_ones_refused_by_name() {
@@ -398,6 +413,34 @@ mod tests {
                 "{refused}: {why}"
             );
         }
+    }
+
+    /// The newest line tested is the one the test command installs
+    /// (scripts/test.sh `NATS_NEWEST`) and docs/cluster.md names: a newer
+    /// one starts with a warning, and every message says "tested through
+    /// 2.14" as the docs do.
+    #[test]
+    fn tested_through_the_newest_line_the_test_command_runs() {
+        let script = include_str!("../../scripts/test.sh");
+        let newest = script
+            .lines()
+            .find_map(|line| line.strip_prefix("NATS_NEWEST="))
+            .expect("scripts/test.sh sets NATS_NEWEST");
+        let line = format!("2.{TESTED_THROUGH_MINOR}");
+        assert!(
+            newest.starts_with(&format!("{line}.")),
+            "{newest} vs {line}"
+        );
+        let docs = include_str!("../../docs/cluster.md");
+        assert!(
+            docs.contains(&format!("{newest} (newest)")),
+            "docs/cluster.md names {newest} newest"
+        );
+        assert_eq!(support(newest), Ok(Support::Tested));
+        assert_eq!(support("2.15.1"), Ok(Support::Newer));
+        assert_eq!(support("2.16.0-beta.1"), Ok(Support::Newer));
+        let why = check_server_version("2.9.21").unwrap_err();
+        assert!(why.contains(&format!("tested through {line}")), "{why}");
     }
 
     #[test]

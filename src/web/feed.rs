@@ -7,14 +7,14 @@
 use std::{collections::VecDeque, convert::Infallible};
 
 use axum::{
-    extract::{Query, State},
+    extract::State,
     http::HeaderMap,
     response::{sse::Event, Response},
 };
 use futures_util::{stream, Stream, StreamExt};
 use serde::Serialize;
 
-use super::{history, json_event, list, sse, ApiError, ListQuery, SessionQuery, WebView};
+use super::{history, json_event, list, sse, ApiError, ApiQuery, ListQuery, SessionQuery, WebView};
 use crate::{
     grpc::watch::WatchStream,
     proto::{
@@ -31,7 +31,7 @@ use crate::{
 pub async fn sessions(
     State(view): State<WebView>,
     headers: HeaderMap,
-    Query(query): Query<ListQuery>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Response, ApiError> {
     let (snapshot, after_seq) = match query.after_seq {
         Some(seq) => (None, seq),
@@ -87,7 +87,7 @@ struct SessionChangeMessage<'a> {
 pub async fn session(
     State(view): State<WebView>,
     headers: HeaderMap,
-    Query(query): Query<SessionQuery>,
+    ApiQuery(query): ApiQuery<SessionQuery>,
 ) -> Result<Response, ApiError> {
     let resume = query.after_revision;
     // A snapshot lists every retained event; a resume sends those after

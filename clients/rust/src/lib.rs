@@ -72,8 +72,8 @@ pub enum ClientError {
     #[error("{0}")]
     Config(String),
     /// The channel could not be set up or connected.
-    #[error("cannot connect: {}", chain(.0))]
-    Connect(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     /// The server (or the transport, as UNAVAILABLE/DEADLINE_EXCEEDED after
     /// the retries ran out) answered with this status.
     #[error("{}", status_text(.0))]
@@ -109,6 +109,53 @@ fn chain(error: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     text
+}
+
+/// A connection that could not be made: where to, and why, said once
+/// ("cannot connect to http://127.0.0.1:50051: connection refused").
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect to {endpoint}: {}", cause(.source))]
+pub struct ConnectError {
+    endpoint: String,
+    #[source]
+    source: tonic::transport::Error,
+}
+
+impl ConnectError {
+    pub(crate) fn new(endpoint: &Endpoint, source: tonic::transport::Error) -> Self {
+        Self {
+            endpoint: endpoint.uri().to_string().trim_end_matches('/').to_owned(),
+            source,
+        }
+    }
+
+    /// The endpoint, as connected to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+}
+
+/// Why a connection failed, in the innermost error's words: the layers
+/// above it ("transport error", "tcp connect error") repeat themselves and
+/// add nothing. `Connection refused (os error 111)` reads `connection
+/// refused`.
+fn cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut innermost = error;
+    while let Some(inner) = innermost.source() {
+        innermost = inner;
+    }
+    let text = innermost.to_string();
+    let text = match text.find(" (os error ") {
+        Some(at) if text.ends_with(')') => &text[..at],
+        _ => &text,
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) if chars.clone().next().is_some_and(char::is_lowercase) => {
+            first.to_lowercase().chain(chars).collect()
+        }
+        _ => text.to_owned(),
+    }
 }
 
 /// `NOT_FOUND: message`, with the transport's own error where there is one.
@@ -163,7 +210,10 @@ impl Client {
     pub async fn connect(options: ConnectOptions) -> Result<Self, ClientError> {
         let endpoint = options.endpoint()?;
         let auth = options.auth()?;
-        let channel = endpoint.connect().await?;
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|source| ConnectError::new(&endpoint, source))?;
         Ok(Self::from_parts(channel, endpoint, auth, options.retry))
     }
 

@@ -202,6 +202,15 @@ async fn ctl(endpoint: &str, args: &[&str], envs: &[(&str, &str)]) -> Ctl {
     }
 }
 
+/// An id of `-o json`: a string of decimal digits, never a number.
+fn id(value: &serde_json::Value) -> u64 {
+    let text = value
+        .as_str()
+        .unwrap_or_else(|| panic!("an id is a JSON string: {value}"));
+    text.parse()
+        .unwrap_or_else(|e| panic!("{e}: {text} is not an id"))
+}
+
 fn json(ctl: &Ctl) -> serde_json::Value {
     assert_eq!(ctl.code, 0, "stderr: {}", ctl.stderr);
     serde_json::from_str(ctl.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", ctl.stdout))
@@ -219,7 +228,7 @@ async fn respcoordctl_commands_json_and_exit_codes() {
         )
         .await,
     );
-    let first = started["response_id"].as_u64().unwrap();
+    let first = id(&started["response_id"]);
     assert!(first > 0);
     assert_eq!(started["replayed"], false);
     assert_eq!(started["state"]["phase"], "active");
@@ -232,7 +241,7 @@ async fn respcoordctl_commands_json_and_exit_codes() {
         )
         .await,
     );
-    assert_eq!(replay["response_id"].as_u64(), Some(first));
+    assert_eq!(id(&replay["response_id"]), first);
     assert_eq!(replay["replayed"], true);
 
     let barge_in = json(
@@ -243,11 +252,11 @@ async fn respcoordctl_commands_json_and_exit_codes() {
         )
         .await,
     );
-    let second = barge_in["response_id"].as_u64().unwrap();
-    assert_eq!(barge_in["superseded_response_id"].as_u64(), Some(first));
+    let second = id(&barge_in["response_id"]);
+    assert_eq!(id(&barge_in["superseded_response_id"]), first);
 
     let got = json(&ctl(&e, &["get", "call-9", "-o", "json"], &[]).await);
-    assert_eq!(got["active_response_id"].as_u64(), Some(second));
+    assert_eq!(id(&got["active_response_id"]), second);
     assert_eq!(got["active_source"], "vad");
     assert_eq!(got["revision"], 4);
 
@@ -256,19 +265,19 @@ async fn respcoordctl_commands_json_and_exit_codes() {
     assert!(text.stdout.starts_with("call-9 active "), "{}", text.stdout);
 
     let listed = json(&ctl(&e, &["list", "-o", "json"], &[]).await);
-    assert!(listed["seq"].as_u64().unwrap() >= second);
+    assert!(id(&listed["seq"]) >= second);
     let sessions = listed["sessions"].as_array().unwrap();
     assert_eq!(sessions.len(), 1);
     assert_eq!(sessions[0]["session_id"], "call-9");
 
-    let stale = json(
-        &ctl(
-            &e,
-            &["finish", "call-9", &first.to_string(), "-o", "json"],
-            &[],
-        )
-        .await,
-    );
+    let stale = ctl(
+        &e,
+        &["finish", "call-9", &first.to_string(), "-o", "json"],
+        &[],
+    )
+    .await;
+    assert_eq!(stale.code, 8, "a stale Finish exits 8: {}", stale.stderr);
+    let stale: serde_json::Value = serde_json::from_str(stale.stdout.trim()).unwrap();
     assert_eq!(
         stale["applied"], false,
         "a superseded response's Finish is stale"
@@ -293,10 +302,8 @@ async fn respcoordctl_commands_json_and_exit_codes() {
     assert_eq!(finished["state"]["phase"], "idle");
 
     let nothing = json(&ctl(&e, &["cancel", "call-9", "-o", "json"], &[]).await);
-    assert_eq!(nothing["cancelled_response_id"], 0);
-    let third = json(&ctl(&e, &["start", "call-9", "-o", "json"], &[]).await)["response_id"]
-        .as_u64()
-        .unwrap();
+    assert_eq!(nothing["cancelled_response_id"], "0");
+    let third = id(&json(&ctl(&e, &["start", "call-9", "-o", "json"], &[]).await)["response_id"]);
     let cancelled = json(
         &ctl(
             &e,
@@ -312,7 +319,7 @@ async fn respcoordctl_commands_json_and_exit_codes() {
         )
         .await,
     );
-    assert_eq!(cancelled["cancelled_response_id"].as_u64(), Some(third));
+    assert_eq!(id(&cancelled["cancelled_response_id"]), third);
 
     let shut = json(&ctl(&e, &["shutdown", "call-9", "-o", "json"], &[]).await);
     assert_eq!(shut["state"]["phase"], "terminated");
@@ -365,13 +372,14 @@ async fn respcoordctl_commands_json_and_exit_codes() {
     assert_eq!(ctl(&e, &["get", ""], &[]).await.code, 2, "INVALID_ARGUMENT");
     assert_eq!(ctl(&e, &["get"], &[]).await.code, 2, "usage");
     assert_eq!(ctl(&e, &["frobnicate"], &[]).await.code, 2, "usage");
-    let unreachable = ctl(
-        &format!("http://127.0.0.1:{}", free_port()),
-        &["get", "x", "--timeout", "2s"],
-        &[],
-    )
-    .await;
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let unreachable = ctl(&nowhere, &["get", "x", "--timeout", "2s"], &[]).await;
     assert_eq!(unreachable.code, 1, "{}", unreachable.stderr);
+    // Where it tried and why, once.
+    assert_eq!(
+        unreachable.stderr.trim(),
+        format!("respcoordctl: cannot connect to {nowhere}: connection refused")
+    );
     let gone = ctl(&e, &["watch", "--after-seq", "1"], &[]).await;
     assert_eq!(gone.code, 6, "OUT_OF_RANGE: {}", gone.stderr);
     server.stop().await;
@@ -387,6 +395,14 @@ async fn respcoordctl_sends_the_token_from_a_file_or_the_environment() {
     let e = server.endpoint();
     let refused = ctl(&e, &["get", "x"], &[]).await;
     assert_eq!(refused.code, 7, "{}", refused.stderr);
+    // What to do about it: where respcoordctl reads a token from.
+    assert!(
+        refused.stderr.contains("missing credentials")
+            && refused.stderr.contains("--token-file")
+            && refused.stderr.contains("RESPCOORDCTL_TOKEN"),
+        "{}",
+        refused.stderr
+    );
 
     let dir = TempDir::new("ctl-token");
     let file = dir.file("token", "t0ken-for-the-ctl-tests\n");
@@ -493,7 +509,7 @@ async fn respcoordctl_timeline_reads_who_stopped_each_response() {
         )
         .await,
     );
-    let new_id = started["response_id"].as_u64().unwrap().to_string();
+    let new_id = started["response_id"].as_str().unwrap().to_owned();
     let mut seen = Vec::new();
     while seen.len() < 3 {
         seen.push(next_change(&mut lines).await);
@@ -521,4 +537,149 @@ async fn next_change<R: tokio::io::AsyncBufRead + Unpin>(
         .expect("stdout readable")
         .expect("a line before the end");
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+/// Ids past 2^53 (the memory backend's are near the boot time in
+/// nanoseconds) print as JSON strings in every command, the same string
+/// everywhere, and go back in as printed, with or without jq's quotes: a
+/// number would come back from jq or JavaScript as another id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_are_strings_that_round_trip_past_2_pow_53() {
+    const EXACT: u64 = 1 << 53;
+    let server = Served::start(ServerConfig::default()).await;
+    let e = server.endpoint();
+    let first = json(&ctl(&e, &["-o", "json", "start", "jq-demo"], &[]).await);
+    let first_id = first["response_id"].as_str().expect("a string").to_owned();
+    assert!(id(&first["response_id"]) > EXACT, "{first}");
+    assert_eq!(first["superseded_response_id"], "0");
+    assert_eq!(first["state"]["active_response_id"], first_id.as_str());
+    let second = json(&ctl(&e, &["-o", "json", "start", "jq-demo"], &[]).await);
+    let second_id = second["response_id"].as_str().unwrap().to_owned();
+    assert_eq!(second["superseded_response_id"], first_id.as_str());
+    // As a double, the id would be another number: the string keeps it.
+    let rounded = id(&second["response_id"]) as f64 as u64;
+    assert_ne!(
+        rounded.to_string(),
+        second_id,
+        "pick an id a double cannot hold"
+    );
+
+    let got = json(&ctl(&e, &["-o", "json", "get", "jq-demo"], &[]).await);
+    assert_eq!(got["active_response_id"], second_id.as_str());
+    let listed = json(&ctl(&e, &["-o", "json", "list"], &[]).await);
+    assert!(id(&listed["seq"]) > EXACT, "{listed}");
+    assert_eq!(
+        listed["sessions"][0]["active_response_id"],
+        second_id.as_str()
+    );
+    let events = ctl(
+        &e,
+        &[
+            "-o",
+            "json",
+            "watch",
+            "jq-demo",
+            "--from-start",
+            "--limit",
+            "4",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(events.code, 0, "{}", events.stderr);
+    let events: Vec<serde_json::Value> = events
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(events[0]["response_id"], first_id.as_str());
+    assert_eq!(events[3]["response_id"], second_id.as_str());
+    for event in &events {
+        assert!(id(&event["seq"]) > EXACT, "{event}");
+        assert!(event["unix_nanos"].as_str().is_some(), "{event}");
+        assert!(
+            event["revision"].is_u64(),
+            "revisions stay numbers: {event}"
+        );
+    }
+    // Back in as printed: jq -r's bare digits, or jq's quoted string.
+    let stale = ctl(&e, &["-o", "json", "finish", "jq-demo", &first_id], &[]).await;
+    assert_eq!(
+        stale.code, 8,
+        "the superseded one is stale: {}",
+        stale.stderr
+    );
+    let stale: serde_json::Value = serde_json::from_str(stale.stdout.trim()).unwrap();
+    assert_eq!(stale["response_id"], first_id.as_str());
+    let quoted = format!("\"{second_id}\"");
+    let finished = json(&ctl(&e, &["-o", "json", "finish", "jq-demo", &quoted], &[]).await);
+    assert_eq!(finished["applied"], true, "{finished}");
+    assert_eq!(finished["response_id"], second_id.as_str());
+    let third = json(&ctl(&e, &["-o", "json", "start", "jq-demo"], &[]).await);
+    let third_id = third["response_id"].as_str().unwrap().to_owned();
+    let quoted = format!("\"{third_id}\"");
+    let cancelled = json(
+        &ctl(
+            &e,
+            &[
+                "-o",
+                "json",
+                "cancel",
+                "jq-demo",
+                "--if-response-id",
+                &quoted,
+            ],
+            &[],
+        )
+        .await,
+    );
+    assert_eq!(cancelled["cancelled_response_id"], third_id.as_str());
+    let garbage = ctl(&e, &["finish", "jq-demo", "1.796e18"], &[]).await;
+    assert_eq!(garbage.code, 2, "{}", garbage.stderr);
+    server.stop().await;
+}
+
+/// Every subcommand's help says what its positional arguments are, and
+/// `start` what `--source` means.
+#[test]
+fn help_describes_every_argument() {
+    let help = |command: &str| {
+        let output = Command::new(CTL)
+            .args([command, "-h"])
+            .output()
+            .expect("run respcoordctl --help");
+        assert!(output.status.success());
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let start = help("start");
+    assert!(start.contains("<SESSION>  The session id"), "{start}");
+    assert!(start.contains("Who asks for the response"), "{start}");
+    assert!(start.contains("vad"), "{start}");
+    for command in ["get", "watch", "timeline", "finish", "cancel", "shutdown"] {
+        let text = help(command);
+        let arguments = text
+            .split("Arguments:")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{command}: no arguments section: {text}"));
+        let arguments = arguments.split("Options:").next().unwrap();
+        for line in arguments
+            .lines()
+            .filter(|l| l.trim_start().starts_with('<'))
+        {
+            let described = line.trim().split_once("  ").map(|(_, d)| d.trim());
+            assert!(
+                described.is_some_and(|d| !d.is_empty()),
+                "{command}: {line:?} has no description"
+            );
+        }
+    }
+    let finish = help("finish");
+    assert!(finish.contains("Exits 8"), "{finish}");
+    // The long form says what each source means.
+    let long = Command::new(CTL)
+        .args(["start", "--help"])
+        .output()
+        .expect("run respcoordctl start --help");
+    let long = String::from_utf8_lossy(&long.stdout);
+    assert!(long.contains("vad:") && long.contains("barge-in"), "{long}");
 }

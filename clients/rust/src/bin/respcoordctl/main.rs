@@ -6,7 +6,7 @@
 //!
 //! | code | meaning |
 //! |---|---|
-//! | 0 | ok (including no-op answers: Finish `applied=false`, Cancel of nothing) |
+//! | 0 | ok (including Cancel or Shutdown that found nothing to cancel) |
 //! | 1 | transport failure, coordinator unavailable, deadline exceeded, internal error |
 //! | 2 | usage: bad flags or arguments, INVALID_ARGUMENT, unreadable TLS/token files |
 //! | 3 | NOT_FOUND: no such session |
@@ -14,6 +14,11 @@
 //! | 5 | RESOURCE_EXHAUSTED: session limit, or the watch fell behind |
 //! | 6 | OUT_OF_RANGE: the watch's resume point is no longer retained |
 //! | 7 | UNAUTHENTICATED or PERMISSION_DENIED |
+//! | 8 | Finish was stale (`applied=false`): the response is not the live one, nothing changed |
+//!
+//! Ids in `-o json` are strings (`"response_id": "1796642205476522484"`):
+//! 64-bit values past 2^53, which jq and JavaScript round as numbers. Every
+//! id argument takes them as printed, bare or still in jq's quotes.
 
 use std::{io, process::ExitCode};
 
@@ -27,11 +32,12 @@ mod timeline;
 
 use connect::ConnectArgs;
 
-use output::{ListOut, Printer, StateOut};
+use output::{ListOut, Printer};
+use respcoord_proto::timeline::StateJson;
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0  ok (also no-op answers: finish applied=false, cancel of nothing)
+  0  ok (also cancel or shutdown that found nothing to cancel)
   1  transport failure, unavailable, deadline exceeded, internal error
   2  usage: bad flags or arguments, INVALID_ARGUMENT, unreadable TLS/token files
   3  NOT_FOUND: no such session
@@ -39,6 +45,12 @@ Exit codes:
   5  RESOURCE_EXHAUSTED: session limit, or the watch fell behind
   6  OUT_OF_RANGE: the watch's resume point is no longer retained
   7  UNAUTHENTICATED or PERMISSION_DENIED
+  8  finish was stale (applied=false): that response is not the live one,
+     nothing changed (it was superseded, cancelled or already finished)
+
+Ids in -o json are strings (\"response_id\": \"1796642205476522484\"): they are
+64-bit, past what jq and JavaScript keep exactly as numbers. Id arguments
+take them as printed, with or without the quotes.
 
 Every flag has an environment variable (RESPCOORDCTL_ENDPOINT, ...); the
 bearer token comes from --token-file or RESPCOORDCTL_TOKEN.";
@@ -69,10 +81,15 @@ enum Output {
     Json,
 }
 
+/// Who asked, recorded on the event for observability (it never changes
+/// what a call does).
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum SourceArg {
+    /// The caller's own request (an API client, an operator).
     Client,
+    /// Voice activity detection: the user started talking (barge-in).
     Vad,
+    /// Not said.
     Unspecified,
 }
 
@@ -88,14 +105,32 @@ impl From<SourceArg> for Source {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum StatusArg {
+    /// The response ran to its end.
     Completed,
+    /// The response failed (an upstream error, a crash).
     Failed,
+}
+
+/// An id or seq as `-o json` prints it: decimal digits, bare or still in
+/// the double quotes jq prints without `-r`.
+fn id_arg(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let digits = trimmed
+        .strip_prefix('"')
+        .and_then(|rest| rest.strip_suffix('"'))
+        .unwrap_or(trimmed);
+    digits.parse::<u64>().map_err(|_| {
+        format!("{text:?} is not an id: expected decimal digits, as `-o json` prints them")
+    })
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Show one session's state.
-    Get { session: String },
+    Get {
+        /// The session id, as the gateway named it (e.g. call-42).
+        session: String,
+    },
     /// List every session (all pages).
     List {
         /// Sessions per ListSessions call (at most 1000).
@@ -108,12 +143,14 @@ enum Command {
     /// Stream events of one session, or of every session without SESSION.
     /// A session watch ends when the session terminates.
     Watch {
+        /// The session to watch; without it, every session's events in seq
+        /// order.
         session: Option<String>,
         /// Session watch: replay retained events after this revision first.
-        #[arg(long, conflicts_with_all = ["after_seq", "from_start"])]
+        #[arg(long, conflicts_with_all = ["after_seq", "from_start"], value_parser = id_arg)]
         after_revision: Option<u64>,
         /// Watch-all: replay retained events after this seq first.
-        #[arg(long, conflicts_with = "from_start")]
+        #[arg(long, conflicts_with = "from_start", value_parser = id_arg)]
         after_seq: Option<u64>,
         /// Replay from the first retained event (revision/seq 0).
         #[arg(long)]
@@ -126,8 +163,10 @@ enum Command {
         limit: Option<usize>,
     },
     /// One session's responses as a timeline: who started each, when, how
-    /// it ended and why (superseded by which Start, cancelled, shut down).
+    /// it ended and why (superseded by which Start, cancelled by whom, shut
+    /// down).
     Timeline {
+        /// The session id.
         session: String,
         /// Keep printing each change until the session ends.
         #[arg(long, short = 'f')]
@@ -135,7 +174,11 @@ enum Command {
     },
     /// Start a response (superseding the live one).
     Start {
+        /// The session id, as the gateway names it (e.g. call-42); the
+        /// session is created by its first Start.
         session: String,
+        /// Who asks for the response: recorded on its `started` event and
+        /// the session's state.
         #[arg(long, value_enum, default_value_t = SourceArg::Client)]
         source: SourceArg,
         /// Idempotency key; repeating it replays instead of starting again
@@ -143,23 +186,35 @@ enum Command {
         #[arg(long)]
         request_id: Option<String>,
     },
-    /// Report a response's terminal.
+    /// Report a response's terminal. Exits 8 if that response is not the
+    /// live one (stale: superseded, cancelled or already finished).
     Finish {
+        /// The session id.
         session: String,
+        /// The response that ended, as `start` printed it.
+        #[arg(value_parser = id_arg)]
         response_id: u64,
+        /// How it ended.
         #[arg(long, value_enum, default_value_t = StatusArg::Completed)]
         status: StatusArg,
     },
     /// Cancel the live response (or only --if-response-id).
     Cancel {
+        /// The session id.
         session: String,
-        #[arg(long)]
+        /// Cancel only if this response is the live one.
+        #[arg(long, value_parser = id_arg)]
         if_response_id: Option<u64>,
+        /// Who asks for the cancel (counted in the server's metrics).
         #[arg(long, value_enum, default_value_t = SourceArg::Client)]
         source: SourceArg,
     },
     /// Tear a session down (idempotent); later Starts are refused.
-    Shutdown { session: String },
+    Shutdown {
+        /// The session id (an unknown one is created terminated, so a later
+        /// Start is refused).
+        session: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -175,9 +230,13 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Done::Ok) => ExitCode::SUCCESS,
+        Ok(Done::Stale) => ExitCode::from(EXIT_STALE),
         Err(Failure::Client(error)) => {
             eprintln!("respcoordctl: {error}");
+            if let Some(hint) = hint(&error) {
+                eprintln!("respcoordctl: {hint}");
+            }
             ExitCode::from(exit_code(error.code()))
         }
         // stdout went away (`| head`): nothing left to say.
@@ -188,6 +247,31 @@ fn main() -> ExitCode {
             eprintln!("respcoordctl: writing output: {error}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// The exit code of a Finish that changed nothing: the response it names
+/// is not the live one. Distinct from every error's, so a script can tell
+/// "my response was already stopped" from a failure.
+const EXIT_STALE: u8 = 8;
+
+/// How a command that got its answer ends.
+enum Done {
+    Ok,
+    /// Finish `applied=false`.
+    Stale,
+}
+
+/// What to do about an error, where respcoordctl knows more than the
+/// server could say.
+fn hint(error: &ClientError) -> Option<String> {
+    match error.code() {
+        Code::Unauthenticated => Some(format!(
+            "respcoordctl sends the bearer token read from --token-file FILE \
+             (or RESPCOORDCTL_TOKEN_FILE), else the token in the {} variable",
+            connect::TOKEN_ENV
+        )),
+        _ => None,
     }
 }
 
@@ -228,7 +312,7 @@ impl From<io::Error> for Failure {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), Failure> {
+async fn run(cli: Cli) -> Result<Done, Failure> {
     let options = cli.connect.options()?;
     let client = Client::connect(options).await?;
     let out = Printer(cli.output);
@@ -285,6 +369,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             };
             let (reply, _) = client.finish_call(&session, response_id, status).await?;
             out.finished(&reply, response_id)?;
+            if !reply.applied {
+                return Ok(Done::Stale);
+            }
         }
         Command::Cancel {
             session,
@@ -305,7 +392,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             )?;
         }
     }
-    Ok(())
+    Ok(Done::Ok)
 }
 
 async fn list(
@@ -338,7 +425,7 @@ async fn list(
     if out.0 == Output::Json {
         out.json(&ListOut {
             seq: seq.unwrap_or_default(),
-            sessions: sessions.iter().map(StateOut::from).collect(),
+            sessions: sessions.iter().map(StateJson::from).collect(),
         })?;
     }
     Ok(())
@@ -390,6 +477,19 @@ mod tests {
         assert_eq!(exit_code(Code::ResourceExhausted), 5);
         assert_eq!(exit_code(Code::OutOfRange), 6);
         assert_eq!(exit_code(Code::Unauthenticated), 7);
+    }
+
+    #[test]
+    fn ids_go_in_as_printed() {
+        assert_eq!(id_arg("1796642205476522484"), Ok(1_796_642_205_476_522_484));
+        assert_eq!(
+            id_arg("\"1796642205476522484\""),
+            Ok(1_796_642_205_476_522_484)
+        );
+        assert_eq!(id_arg(" 42\n"), Ok(42));
+        for bad in ["1.796642205476522e18", "-1", "\"42", "", "0x2a"] {
+            assert!(id_arg(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

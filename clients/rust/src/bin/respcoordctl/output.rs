@@ -7,73 +7,64 @@ use std::{
 };
 
 use respcoord_client::{pb, short_name};
-use respcoord_proto::timeline::EventJson;
+use respcoord_proto::timeline::{id_text, EventJson, StateJson};
 use serde::Serialize;
 
 use crate::Output;
 
-/// The established JSON of `get`, `list`, `start`, ...: ids as numbers
-/// (the timeline's JSON, shared with the web view, has them as strings).
+/// Ids, seqs and times in JSON are decimal strings (the contract's JSON
+/// mapping of 64-bit integers): past 2^53 a JSON number is rounded by jq and
+/// JavaScript, and a rounded response id names another response. Revisions
+/// and counters stay numbers. A session's state is the web view's
+/// [`StateJson`], so `get`, `list` and `timeline` print the same shape.
 #[derive(Serialize)]
-pub(crate) struct StateOut {
-    pub(crate) session_id: String,
-    pub(crate) phase: String,
-    pub(crate) active_response_id: u64,
-    pub(crate) active_source: String,
-    pub(crate) revision: u64,
-    pub(crate) responses_started: u64,
-}
-
-impl From<&pb::SessionState> for StateOut {
-    fn from(state: &pb::SessionState) -> Self {
-        Self {
-            session_id: state.session_id.clone(),
-            phase: short_name(state.phase().as_str_name()).to_owned(),
-            active_response_id: state.active_response_id,
-            active_source: short_name(state.active_source().as_str_name()).to_owned(),
-            revision: state.revision,
-            responses_started: state.responses_started,
-        }
-    }
-}
-
-#[derive(Serialize)]
-pub(crate) struct ListOut {
+pub(crate) struct ListOut<'a> {
     /// Every event with seq <= this is reflected (resume a watch-all here).
+    #[serde(serialize_with = "id_text")]
     pub(crate) seq: u64,
-    pub(crate) sessions: Vec<StateOut>,
+    pub(crate) sessions: Vec<StateJson<'a>>,
 }
 
 #[derive(Serialize)]
 pub(crate) struct StartOut<'a> {
+    #[serde(serialize_with = "id_text")]
     pub(crate) response_id: u64,
+    #[serde(serialize_with = "id_text")]
     pub(crate) superseded_response_id: u64,
     pub(crate) replayed: bool,
     pub(crate) request_id: &'a str,
-    pub(crate) state: StateOut,
+    pub(crate) state: StateJson<'a>,
 }
 
 #[derive(Serialize)]
-pub(crate) struct FinishOut {
+pub(crate) struct FinishOut<'a> {
+    #[serde(serialize_with = "id_text")]
     pub(crate) response_id: u64,
     pub(crate) applied: bool,
-    pub(crate) state: StateOut,
+    pub(crate) state: StateJson<'a>,
 }
 
 #[derive(Serialize)]
-pub(crate) struct CancelOut {
+pub(crate) struct CancelOut<'a> {
+    #[serde(serialize_with = "id_text")]
     pub(crate) cancelled_response_id: u64,
-    pub(crate) state: StateOut,
+    pub(crate) state: StateJson<'a>,
 }
 
 #[derive(Serialize)]
 pub(crate) struct EventOut<'a> {
     pub(crate) session_id: &'a str,
     pub(crate) revision: u64,
+    #[serde(serialize_with = "id_text")]
     pub(crate) seq: u64,
+    /// A string too: nanoseconds since 1970 are past 2^53.
+    #[serde(serialize_with = "int_text")]
     pub(crate) unix_nanos: i64,
     pub(crate) event: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "optional_id_text"
+    )]
     pub(crate) response_id: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) source: Option<&'static str>,
@@ -81,6 +72,20 @@ pub(crate) struct EventOut<'a> {
     pub(crate) status: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) reason: Option<&'static str>,
+}
+
+fn optional_id_text<S: serde::Serializer>(
+    id: &Option<u64>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match id {
+        Some(id) => serializer.collect_str(id),
+        None => serializer.serialize_none(),
+    }
+}
+
+fn int_text<S: serde::Serializer>(value: &i64, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(value)
 }
 
 /// `watch`'s JSON keeps its own names (`event`, `unix_nanos`); what each
@@ -104,6 +109,7 @@ impl<'a> From<&'a pb::LifecycleEvent> for EventOut<'a> {
 
 #[derive(Serialize)]
 pub(crate) struct BookmarkOut {
+    #[serde(serialize_with = "id_text")]
     pub(crate) progress_seq: u64,
 }
 
@@ -123,7 +129,7 @@ impl Printer {
 
     pub(crate) fn state(&self, state: &pb::SessionState) -> io::Result<()> {
         match self.0 {
-            Output::Json => self.json(&StateOut::from(state)),
+            Output::Json => self.json(&StateJson::from(state)),
             Output::Text => self.line(&state_text(state)),
         }
     }
@@ -136,7 +142,7 @@ impl Printer {
                 superseded_response_id: reply.superseded_response_id,
                 replayed: reply.replayed,
                 request_id,
-                state: StateOut::from(&state),
+                state: StateJson::from(&state),
             }),
             Output::Text => {
                 let mut line = format!(
@@ -162,7 +168,7 @@ impl Printer {
             Output::Json => self.json(&FinishOut {
                 response_id,
                 applied: reply.applied,
-                state: StateOut::from(&state),
+                state: StateJson::from(&state),
             }),
             Output::Text => {
                 self.line(&if reply.applied {
@@ -185,7 +191,7 @@ impl Printer {
         match self.0 {
             Output::Json => self.json(&CancelOut {
                 cancelled_response_id: cancelled,
-                state: StateOut::from(&state),
+                state: StateJson::from(&state),
             }),
             Output::Text => {
                 self.line(&match (what, cancelled) {
@@ -254,4 +260,33 @@ pub(crate) fn state_text(state: &pb::SessionState) -> String {
         );
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_seqs_and_times_are_json_strings() {
+        let bookmark = serde_json::to_string(&BookmarkOut {
+            progress_seq: 1_796_642_205_476_522_484,
+        })
+        .unwrap();
+        assert_eq!(bookmark, r#"{"progress_seq":"1796642205476522484"}"#);
+        let event = pb::LifecycleEvent {
+            session_id: "s".into(),
+            revision: 3,
+            seq: 1_796_642_205_476_522_485,
+            unix_nanos: 1_796_642_205_476_522_486,
+            kind: Some(pb::lifecycle_event::Kind::Started(pb::ResponseStarted {
+                response_id: 1_796_642_205_476_522_484,
+                source: pb::Source::Vad.into(),
+            })),
+        };
+        let json = serde_json::to_value(EventOut::from(&event)).unwrap();
+        assert_eq!(json["response_id"], "1796642205476522484");
+        assert_eq!(json["seq"], "1796642205476522485");
+        assert_eq!(json["unix_nanos"], "1796642205476522486");
+        assert_eq!(json["revision"], 3);
+    }
 }
