@@ -2,6 +2,7 @@ package respcoord
 
 import (
 	"context"
+	"sync"
 	"testing"
 
 	client "github.com/respcoord/respcoord/clients/go"
@@ -61,5 +62,87 @@ func BenchmarkRawGetState(b *testing.B) {
 		if _, err := cl.Raw().GetState(ctx, &pb.GetStateRequest{SessionId: session}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// instantSession answers at once, in memory: BenchmarkAdapterOnly measures
+// what the drop-in itself costs an Apply (the turn, the deadline, the effect
+// lock, the stop goroutine), without a server or a network in it.
+type instantSession struct{ next uint64 }
+
+type instantResponse struct {
+	n    uint64
+	done chan struct{}
+	mu   sync.Mutex
+	why  stopKind
+}
+
+func (s *instantSession) start(context.Context, Source) (remoteResponse, error) {
+	s.next++
+	return &instantResponse{n: s.next, done: make(chan struct{})}, nil
+}
+func (s *instantSession) cancel(context.Context, Source) error { return nil }
+func (s *instantSession) shutdown(context.Context) error       { return nil }
+
+func (r *instantResponse) id() uint64               { return r.n }
+func (r *instantResponse) stopped() <-chan struct{} { return r.done }
+func (r *instantResponse) reason() stopKind {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.why
+}
+func (r *instantResponse) stop(why stopKind) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case <-r.done:
+	default:
+		r.why = why
+		close(r.done)
+	}
+}
+func (r *instantResponse) finish(context.Context) (bool, error) {
+	r.stop(stopFinished)
+	return true, nil
+}
+func (r *instantResponse) release() { r.stop(stopLost) }
+
+// countingSink counts; it does not yield as recordingSink does.
+type countingSink struct{ starts, terminals int }
+
+func (s *countingSink) Perform(e Effect) {
+	switch e.(type) {
+	case StartResponse:
+		s.starts++
+	case EmitTerminal:
+		s.terminals++
+	}
+}
+
+func BenchmarkAdapterOnly(b *testing.B) {
+	sink := &countingSink{}
+	c := New(sink)
+	c.shared = &shared{
+		session: "bench",
+		remote:  &instantSession{},
+		timeout: DefaultTimeout,
+		closing: make(chan struct{}),
+		ids:     map[ResponseID]uint64{},
+	}
+	defer c.Close()
+	b.ResetTimer()
+	for i := 1; i <= b.N; i++ {
+		if err := c.Apply(Start{ID: ResponseID(i), Source: SourceClient}); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.Apply(Finished{ID: ResponseID(i)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sink.starts != b.N || sink.terminals != b.N {
+		b.Fatalf("%d starts and %d terminals for %d rounds", sink.starts, sink.terminals, b.N)
 	}
 }
