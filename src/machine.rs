@@ -117,6 +117,10 @@ pub enum EventKind {
     CancelRequested {
         response: ResponseId,
         reason: CancelReason,
+        /// Who asked: the superseding Start's source, the Cancel's;
+        /// unspecified for a teardown (a Shutdown carries no source, expiry
+        /// has no caller). Recorded only, like every source.
+        source: Source,
     },
     Ended {
         response: ResponseId,
@@ -252,17 +256,19 @@ impl Transition {
     }
 }
 
-/// The events that stop `active` for `reason`: first the request to stop, then
-/// its cancelled terminal. Every path that cancels goes through here, so every
-/// cancellation is announced the same way.
+/// The events that stop `active` for `reason`, asked for by `source`: first
+/// the request to stop, then its cancelled terminal. Every path that cancels
+/// goes through here, so every cancellation is announced the same way.
 fn cancel_events(
     events: &mut ArrayVec<EventKind, MAX_EVENTS_PER_TRANSITION>,
     active: ActiveResponse,
     reason: CancelReason,
+    source: Source,
 ) {
     events.push(EventKind::CancelRequested {
         response: active.id,
         reason,
+        source,
     });
     events.push(EventKind::Ended {
         response: active.id,
@@ -283,7 +289,7 @@ pub fn transition(phase: Phase, call: &Call, new_response: ResponseId) -> Transi
         (Phase::Idle | Phase::Active(_), &Call::Start { source, .. }) => {
             let superseded = phase.active();
             if let Some(old) = superseded {
-                cancel_events(&mut events, old, CancelReason::Superseded);
+                cancel_events(&mut events, old, CancelReason::Superseded, source);
             }
             events.push(EventKind::Started {
                 response: new_response,
@@ -317,10 +323,10 @@ pub fn transition(phase: Phase, call: &Call, new_response: ResponseId) -> Transi
         (_, Call::Finish { .. }) => {
             Transition::unchanged(phase, Outcome::Finished { applied: false })
         }
-        (Phase::Active(active), &Call::Cancel { only_if, .. })
+        (Phase::Active(active), &Call::Cancel { only_if, source })
             if only_if.is_none_or(|id| id == active.id) =>
         {
-            cancel_events(&mut events, active, CancelReason::Requested);
+            cancel_events(&mut events, active, CancelReason::Requested, source);
             Transition {
                 next: Phase::Idle,
                 events,
@@ -338,7 +344,7 @@ pub fn transition(phase: Phase, call: &Call, new_response: ResponseId) -> Transi
         (Phase::Idle | Phase::Active(_), &Call::Teardown { reason }) => {
             let cancelled = phase.active();
             if let Some(active) = cancelled {
-                cancel_events(&mut events, active, reason.into());
+                cancel_events(&mut events, active, reason.into(), Source::Unspecified);
             }
             events.push(EventKind::Terminated { reason });
             Transition {

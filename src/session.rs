@@ -56,6 +56,10 @@ pub struct SessionSnapshot {
     pub phase: Phase,
     pub revision: u64,
     pub responses_started: u64,
+    /// When the session last changed (the time of its event `revision`),
+    /// where the answer knows it: a listing, and a NATS replica's view;
+    /// `None` in the other answers.
+    pub changed_unix_nanos: Option<i64>,
 }
 
 /// What a transition stamps on its events and mints for a Start. A backend
@@ -203,6 +207,20 @@ impl Session {
             phase: self.phase(),
             revision: self.revision,
             responses_started: self.responses_started,
+            changed_unix_nanos: None,
+        }
+    }
+
+    /// [`Session::snapshot`] with the time of the last change, for a
+    /// listing of a backend that keeps the session's events here (memory):
+    /// the newest retained event's. `None` when none is retained.
+    pub fn listed(&self, session_id: &SessionId) -> SessionSnapshot {
+        SessionSnapshot {
+            changed_unix_nanos: self
+                .history
+                .newest(self.revision)
+                .map(|event| event.unix_nanos),
+            ..self.snapshot(session_id)
         }
     }
 

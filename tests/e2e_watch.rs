@@ -88,6 +88,64 @@ async fn after_revision_beyond_retention_is_out_of_range() {
     server.stop().await;
 }
 
+/// Who asked for each cancel is on the watched `cancel_requested`: the
+/// superseding Start's source, a Cancel's source (SOURCE_VAD here, a
+/// barge-in), and unspecified for a Shutdown, whose request has none. Over
+/// real gRPC on the backend the run selects, so on NATS the source went
+/// through the stored entry and back.
+#[tokio::test]
+async fn a_cancel_requested_event_carries_who_asked() {
+    use pb::CancelReason as R;
+    let server = TestServer::start().await;
+    let mut c = server.client().await;
+    let mut watch = watch_session(&mut c, "who", Some(0)).await;
+    let start_from = |source| start_req("who", source, "");
+    let first = c.start(start_from(Source::Vad)).await.unwrap().into_inner();
+    let second = c
+        .start(start_from(Source::Client))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(second.superseded_response_id, first.response_id);
+    let cancelled = c
+        .cancel(pb::CancelRequest {
+            session_id: "who".into(),
+            source: Source::Vad.into(),
+            if_response_id: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cancelled.cancelled_response_id, second.response_id);
+    let third = start(&mut c, "who").await.response_id;
+    shutdown(&mut c, "who").await;
+    // started; supersede (3); cancel (2); started; shutdown (3).
+    let events = next_events(&mut watch, 10).await;
+    let cancels: Vec<_> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            Some(pb::lifecycle_event::Kind::CancelRequested(cancel)) => {
+                Some((cancel.response_id, cancel.reason(), cancel.source()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        cancels,
+        [
+            (first.response_id, R::Superseded, Source::Client),
+            (second.response_id, R::Requested, Source::Vad),
+            (third, R::Shutdown, Source::Unspecified),
+        ]
+    );
+    // A watch that reads the retained history later sees the same sources.
+    let mut replay = watch_session(&mut c, "who", Some(0)).await;
+    let (again, end) = drain(&mut replay).await;
+    end.unwrap();
+    assert_eq!(again, events);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn watch_of_a_terminated_session_replays_then_ends() {
     let server = TestServer::start().await;
@@ -104,6 +162,7 @@ async fn watch_of_a_terminated_session_replays_then_ends() {
             pb::ResponseCancelRequested {
                 response_id: id,
                 reason: pb::CancelReason::Shutdown.into(),
+                source: pb::Source::Unspecified.into(),
             }
         ))
     );

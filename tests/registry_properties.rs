@@ -465,9 +465,9 @@ fn event_of(kind: &EventKind) -> REvent {
         EventKind::Started { response, source } => {
             REvent::Started(response.get(), from_source(source))
         }
-        EventKind::CancelRequested { response, reason } => {
-            REvent::CancelRequested(response.get(), why_of(reason))
-        }
+        EventKind::CancelRequested {
+            response, reason, ..
+        } => REvent::CancelRequested(response.get(), why_of(reason)),
         EventKind::Ended { response, ending } => REvent::Ended(
             response.get(),
             match ending {

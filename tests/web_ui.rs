@@ -210,7 +210,10 @@ async fn a_session_page_gets_its_snapshot_then_each_change_live() {
     assert_eq!(rows[0]["reason"], "superseded");
     assert_eq!(rows[0]["superseded_by"], second.to_string());
     assert_eq!(rows[0]["superseded_by_source"], "vad");
+    // Who stopped it: the superseding Start's source, on its cancel.
+    assert_eq!(rows[0]["cancel_source"], "vad");
     assert_eq!(rows[1]["status"], Value::Null);
+    assert_eq!(rows[1]["cancel_source"], Value::Null);
 
     let mut feed = Feed::open(web, &format!("/api/v1/session/feed?id={session}"), None).await;
     let opening = feed.next().await.unwrap();
@@ -222,7 +225,7 @@ async fn a_session_page_gets_its_snapshot_then_each_change_live() {
     client
         .cancel(pb::CancelRequest {
             session_id: session.clone(),
-            source: pb::Source::Client.into(),
+            source: pb::Source::Vad.into(),
             if_response_id: 0,
         })
         .await
@@ -230,6 +233,7 @@ async fn a_session_page_gets_its_snapshot_then_each_change_live() {
     let live = feed.until("ended").await;
     assert_eq!(live.len(), 2);
     assert_eq!(live[0].data["event"]["kind"], "cancel_requested");
+    assert_eq!(live[0].data["event"]["source"], "vad", "who cancelled");
     let ended = &live[1];
     assert_eq!(
         (ended.event.as_str(), ended.id.as_deref()),
@@ -240,6 +244,7 @@ async fn a_session_page_gets_its_snapshot_then_each_change_live() {
         second.to_string()
     );
     assert_eq!(ended.data["responses"][0]["reason"], "requested");
+    assert_eq!(ended.data["responses"][0]["cancel_source"], "vad");
     assert_eq!(ended.data["session"]["phase"], "idle");
 
     // A supersede's `started` carries both rows it changed.
@@ -340,6 +345,16 @@ async fn the_sessions_page_lists_by_prefix_and_follows_changes() {
     assert_eq!(sessions.len(), 1, "{listing}");
     assert_eq!(sessions[0]["session_id"], listed.as_str());
     assert_eq!(listing["truncated"], false);
+    // The last change is in the listing, so the page shows it at once.
+    let changed = sessions[0]["changed_ms"].as_f64().expect("changed_ms");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as f64;
+    assert!(
+        (now_ms - 60_000.0..=now_ms + 1_000.0).contains(&changed),
+        "{changed} vs now {now_ms}"
+    );
 
     let mut feed = Feed::open(
         web,

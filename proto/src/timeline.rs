@@ -10,9 +10,10 @@
 //! (PROTOCOL.md): a supersede is the old response's `ended` (reason
 //! SUPERSEDED) followed, in the same transition, by the new `started`.
 //!
-//! A cancel's source is not on the wire (the contract records a Start's
-//! source only), so a row says who started a response and, for a
-//! supersede, which source's Start stopped it.
+//! A row says who started a response and who stopped it: the source on
+//! its `cancel_requested` (the Cancel's, or the superseding Start's; an
+//! event stored before 0.2.0, a Shutdown and an expiry say unspecified)
+//! and, for a supersede, which response's Start stopped it.
 
 use std::collections::VecDeque;
 
@@ -32,6 +33,8 @@ pub struct ResponseRow {
     /// `None` when the `started` event is older than the retained history.
     pub started: Option<Stamp>,
     pub cancel_requested: Option<Stamp>,
+    /// Who asked for the cancel: the source on its `cancel_requested`.
+    pub cancel_source: Option<pb::Source>,
     pub ended: Option<End>,
     /// The response whose Start stopped this one, and that Start's source.
     pub superseded_by: Option<(u64, pb::Source)>,
@@ -60,6 +63,7 @@ impl ResponseRow {
             source: pb::Source::Unspecified,
             started: None,
             cancel_requested: None,
+            cancel_source: None,
             ended: None,
             superseded_by: None,
         }
@@ -138,7 +142,9 @@ impl Timeline {
                 }
             }
             Some(Kind::CancelRequested(cancel)) => {
-                self.row(cancel.response_id).cancel_requested = Some(at);
+                let row = self.row(cancel.response_id);
+                row.cancel_requested = Some(at);
+                row.cancel_source = Some(cancel.source());
                 Changed::one(cancel.response_id)
             }
             Some(Kind::Ended(ended)) => {

@@ -184,6 +184,7 @@ pub fn state(snapshot: &SessionSnapshot) -> pb::SessionState {
             .into(),
         revision: snapshot.revision,
         responses_started: snapshot.responses_started,
+        changed_unix_nanos: snapshot.changed_unix_nanos.unwrap_or(0),
     }
 }
 
@@ -194,12 +195,15 @@ pub fn event(event: &LifecycleEvent) -> pb::LifecycleEvent {
             response_id: response.get(),
             source: source_to_proto(source).into(),
         }),
-        EventKind::CancelRequested { response, reason } => {
-            Kind::CancelRequested(pb::ResponseCancelRequested {
-                response_id: response.get(),
-                reason: reason_to_proto(reason).into(),
-            })
-        }
+        EventKind::CancelRequested {
+            response,
+            reason,
+            source,
+        } => Kind::CancelRequested(pb::ResponseCancelRequested {
+            response_id: response.get(),
+            reason: reason_to_proto(reason).into(),
+            source: source_to_proto(source).into(),
+        }),
         EventKind::Ended { response, ending } => {
             let (status, reason) = match ending {
                 Terminal::Completed => {

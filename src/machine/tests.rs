@@ -37,10 +37,10 @@ fn finish(raw: u64, status: FinishStatus) -> Call {
         status,
     }
 }
-fn cancel(raw: u64) -> Call {
+fn cancel_from(raw: u64, source: Source) -> Call {
     Call::Cancel {
         only_if: ResponseId::new(raw),
-        source: Client,
+        source,
     }
 }
 fn teardown(reason: TeardownReason) -> Call {
@@ -52,10 +52,11 @@ fn started(raw: u64, source: Source) -> EventKind {
         source,
     }
 }
-fn cancel_requested(raw: u64, reason: CancelReason) -> EventKind {
+fn cancel_requested(raw: u64, reason: CancelReason, source: Source) -> EventKind {
     EventKind::CancelRequested {
         response: id(raw),
         reason,
+        source,
     }
 }
 fn ended(raw: u64, ending: Terminal) -> EventKind {
@@ -110,7 +111,9 @@ fn table() -> Vec<Row> {
         for status in [Completed, Failed] {
             rows.push((idle, finish(raw, status), idle, vec![], o_finished(false)));
         }
-        rows.push((idle, cancel(raw), idle, vec![], o_cancelled(0)));
+        for source in [Unspecified, Client, Vad] {
+            rows.push((idle, cancel_from(raw, source), idle, vec![], o_cancelled(0)));
+        }
     }
     rows.push((
         idle,
@@ -136,7 +139,7 @@ fn table() -> Vec<Row> {
                 start(source),
                 active(N, source),
                 vec![
-                    cancel_requested(A, Superseded),
+                    cancel_requested(A, Superseded, source),
                     ended(A, Cancelled(Superseded)),
                     started(N, source),
                 ],
@@ -163,24 +166,28 @@ fn table() -> Vec<Row> {
             }
         }
         for only_if in [0, A] {
-            rows.push((
-                act,
-                cancel(only_if),
-                idle,
-                vec![
-                    cancel_requested(A, Requested),
-                    ended(A, Cancelled(Requested)),
-                ],
-                o_cancelled(A),
-            ));
+            for source in [Unspecified, Client, Vad] {
+                rows.push((
+                    act,
+                    cancel_from(only_if, source),
+                    idle,
+                    vec![
+                        cancel_requested(A, Requested, source),
+                        ended(A, Cancelled(Requested)),
+                    ],
+                    o_cancelled(A),
+                ));
+            }
         }
-        rows.push((act, cancel(O), act, vec![], o_cancelled(0)));
+        for source in [Unspecified, Client, Vad] {
+            rows.push((act, cancel_from(O, source), act, vec![], o_cancelled(0)));
+        }
         rows.push((
             act,
             teardown(Shutdown),
             term,
             vec![
-                cancel_requested(A, RShutdown),
+                cancel_requested(A, RShutdown, Unspecified),
                 ended(A, Cancelled(RShutdown)),
                 terminated(Shutdown),
             ],
@@ -191,7 +198,7 @@ fn table() -> Vec<Row> {
             teardown(Expired),
             term,
             vec![
-                cancel_requested(A, RExpired),
+                cancel_requested(A, RExpired, Unspecified),
                 ended(A, Cancelled(RExpired)),
                 terminated(Expired),
             ],
@@ -207,7 +214,9 @@ fn table() -> Vec<Row> {
         for status in [Completed, Failed] {
             rows.push((term, finish(raw, status), term, vec![], o_finished(false)));
         }
-        rows.push((term, cancel(raw), term, vec![], o_cancelled(0)));
+        for source in [Unspecified, Client, Vad] {
+            rows.push((term, cancel_from(raw, source), term, vec![], o_cancelled(0)));
+        }
     }
     rows.push((term, teardown(Shutdown), term, vec![], o_torn(0)));
     rows.push((term, teardown(Expired), term, vec![], o_torn(0)));
@@ -228,7 +237,9 @@ fn all_inputs() -> Vec<Call> {
     for raw in [0, A, O] {
         inputs.push(finish(raw, Completed));
         inputs.push(finish(raw, Failed));
-        inputs.push(cancel(raw));
+        for source in [Unspecified, Client, Vad] {
+            inputs.push(cancel_from(raw, source));
+        }
     }
     inputs.push(teardown(TeardownReason::Shutdown));
     inputs.push(teardown(TeardownReason::Expired));
@@ -245,7 +256,7 @@ fn table_covers_every_cell_exactly_once() {
         .flat_map(|p| all_inputs().into_iter().map(move |i| (p, i)))
         .collect();
     assert_eq!(cells, expected);
-    assert_eq!(rows.len(), 4 * 14);
+    assert_eq!(rows.len(), 4 * 20);
 }
 
 #[test]

@@ -116,6 +116,10 @@ struct StoredEvent {
     /// teardown reason (terminated); see the codes below.
     #[prost(uint32, tag = "3")]
     detail: u32,
+    /// Who asked for a cancel_requested (a source code); 0 otherwise. An
+    /// entry written before this field existed reads 0: unspecified.
+    #[prost(uint32, tag = "4")]
+    source: u32,
 }
 
 /// A decoded entry.
@@ -265,16 +269,21 @@ fn response(raw: u64) -> Result<ResponseId, DecodeError> {
 }
 
 fn stored_event(kind: &EventKind) -> StoredEvent {
-    let (kind, response, detail) = match *kind {
-        EventKind::Started { response, source } => (1, response.get(), source_code(source)),
-        EventKind::CancelRequested { response, reason } => (2, response.get(), cancel_code(reason)),
-        EventKind::Ended { response, ending } => (3, response.get(), ending_code(ending)),
-        EventKind::Terminated { reason } => (4, 0, teardown_code(reason)),
+    let (kind, response, detail, source) = match *kind {
+        EventKind::Started { response, source } => (1, response.get(), source_code(source), 0),
+        EventKind::CancelRequested {
+            response,
+            reason,
+            source,
+        } => (2, response.get(), cancel_code(reason), source_code(source)),
+        EventKind::Ended { response, ending } => (3, response.get(), ending_code(ending), 0),
+        EventKind::Terminated { reason } => (4, 0, teardown_code(reason), 0),
     };
     StoredEvent {
         kind,
         response,
         detail,
+        source,
     }
 }
 
@@ -287,6 +296,7 @@ fn event_kind(stored: &StoredEvent) -> Result<EventKind, DecodeError> {
         2 => EventKind::CancelRequested {
             response: response(stored.response)?,
             reason: cancel_of(stored.detail)?,
+            source: source_of(stored.source)?,
         },
         3 => EventKind::Ended {
             response: response(stored.response)?,
@@ -457,6 +467,7 @@ mod tests {
             EventKind::CancelRequested {
                 response: r(5),
                 reason: CancelReason::Superseded,
+                source: Source::Vad,
             },
             EventKind::Ended {
                 response: r(5),
@@ -492,6 +503,45 @@ mod tests {
             reason: TeardownReason::Expired,
         };
         assert_eq!(event_kind(&stored_event(&kind)), Ok(kind));
+    }
+
+    /// An entry stored before `cancel_requested` carried its source (no
+    /// field 4 on its events) still decodes, the source unspecified: a
+    /// rolling update reads what the previous version wrote.
+    #[test]
+    fn a_cancel_stored_without_its_source_reads_unspecified() {
+        /// The previous version's stored event, field for field.
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct OldStoredEvent {
+            #[prost(uint32, tag = "1")]
+            kind: u32,
+            #[prost(uint64, tag = "2")]
+            response: u64,
+            #[prost(uint32, tag = "3")]
+            detail: u32,
+        }
+        let old = OldStoredEvent {
+            kind: 2,
+            response: 5,
+            detail: cancel_code(CancelReason::Requested),
+        };
+        let stored = StoredEvent::decode(&old.encode_to_vec()[..]).expect("decodes");
+        assert_eq!(
+            event_kind(&stored),
+            Ok(EventKind::CancelRequested {
+                response: ResponseId::new(5).expect("nonzero"),
+                reason: CancelReason::Requested,
+                source: Source::Unspecified,
+            })
+        );
+        // And the new field is one an old reader skips: its fields intact.
+        let new = stored_event(&EventKind::CancelRequested {
+            response: ResponseId::new(5).expect("nonzero"),
+            reason: CancelReason::Requested,
+            source: Source::Vad,
+        });
+        let read_by_old = OldStoredEvent::decode(&new.encode_to_vec()[..]).expect("decodes");
+        assert_eq!(read_by_old, old);
     }
 
     #[test]

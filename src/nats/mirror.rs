@@ -48,6 +48,9 @@ pub struct Known {
     /// The key's message before `stored_at`, 0 when this mirror did not see
     /// the key hold one (`Mirror::latest_at`).
     pub replaced: u64,
+    /// When the session last changed: the time of the last entry with
+    /// events this mirror read (a touch changes nothing).
+    pub changed_unix_nanos: Option<i64>,
 }
 
 impl Known {
@@ -69,6 +72,7 @@ impl Known {
             phase: self.phase,
             revision: self.revision,
             responses_started: self.responses_started,
+            changed_unix_nanos: self.changed_unix_nanos,
         }
     }
 }
@@ -137,13 +141,19 @@ impl MirrorState {
             .into_iter()
             .filter(|event| event.revision > seen_through)
             .collect();
+        let old = self.sessions.get(&id);
         let known = Known {
             phase: entry.persisted.phase,
             revision,
             responses_started: entry.persisted.responses_started,
             since: entry.persisted.since,
             stored_at: stream_seq,
-            replaced: self.sessions.get(&id).map_or(0, |old| old.stored_at),
+            replaced: old.map_or(0, |old| old.stored_at),
+            changed_unix_nanos: if entry.events.is_empty() {
+                old.and_then(|old| old.changed_unix_nanos)
+            } else {
+                Some(entry.unix_nanos)
+            },
         };
         let old = self.sessions.insert(id, known);
         self.counts
@@ -336,6 +346,7 @@ mod tests {
             since: 0,
             stored_at,
             replaced,
+            changed_unix_nanos: None,
         };
         // Written at 7 after 3: up to 6 the latest was 3, from 7 on it is 7.
         assert_eq!(known(3, 7).latest_at(9), Some(7));

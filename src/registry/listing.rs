@@ -71,7 +71,7 @@ impl Registry {
             let mut last = None;
             for (hash, id) in keys {
                 if let Some((id, session)) = guard.sessions.get_key_value(id) {
-                    sessions.push(session.snapshot(id));
+                    sessions.push(session.listed(id));
                     last = Some((hash, id.clone()));
                 }
             }

@@ -75,7 +75,8 @@ async fn an_idle_session_expires_no_earlier_than_its_ttl() {
         [
             EventKind::CancelRequested {
                 response: started.response,
-                reason: CancelReason::Expired
+                reason: CancelReason::Expired,
+                source: crate::machine::Source::Unspecified,
             },
             EventKind::Ended {
                 response: started.response,

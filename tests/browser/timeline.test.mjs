@@ -257,7 +257,7 @@ test('the session page and the sessions page follow a supersede and a cancel liv
     });
     const second = await ctl(server, ['start', session, '--source', 'vad']);
     assert.equal(second.superseded_response_id, first.response_id);
-    const cancel = await ctl(server, ['cancel', session]);
+    const cancel = await ctl(server, ['cancel', session, '--source', 'vad']);
     assert.equal(cancel.cancelled_response_id, second.response_id);
 
     await eventually(async () => {
@@ -267,7 +267,8 @@ test('the session page and the sessions page follow a supersede and a cancel liv
         { id: second.response_id, status: 'cancelled', reason: 'requested', supersededBy: '' },
       ]);
       assert.match(shown[0].label, new RegExp(`^#${first.response_id} client · superseded by #${second.response_id} \\(vad\\) after (\\d+ ms|\\d+\\.\\d\\d s)$`));
-      assert.equal(shown[1].label, `#${second.response_id} vad · cancelled: requested`);
+      // Who cancelled: the Cancel's source, on its cancel_requested event.
+      assert.equal(shown[1].label, `#${second.response_id} vad · cancelled: requested by vad`);
     });
     assert.deepEqual(await arrows(page), [{ from: second.response_id, to: first.response_id }]);
     await eventually(async () => {

@@ -76,6 +76,7 @@ fn cancel(state: &mut LegacyState, reason: CancelReason) {
         state.ledger.observe(&EventKind::CancelRequested {
             response: id(old),
             reason,
+            source: Source::Unspecified,
         });
         state.ledger.observe(&EventKind::Ended {
             response: id(old),

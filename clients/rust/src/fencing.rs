@@ -390,6 +390,7 @@ mod tests {
         Kind::CancelRequested(pb::ResponseCancelRequested {
             response_id: id,
             reason: reason.into(),
+            source: pb::Source::Unspecified.into(),
         })
     }
 

@@ -560,6 +560,7 @@ mod tests {
         Kind::CancelRequested(pb::ResponseCancelRequested {
             response_id: id,
             reason: reason.into(),
+            source: pb::Source::Unspecified.into(),
         })
     }
 

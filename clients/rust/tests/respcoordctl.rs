@@ -351,6 +351,9 @@ async fn respcoordctl_commands_json_and_exit_codes() {
         ]
     );
     assert_eq!(events[1]["reason"], "superseded");
+    assert_eq!(events[1]["source"], "vad", "the superseding Start's source");
+    assert_eq!(events[6]["source"], "client", "the Cancel's source");
+    assert_eq!(events[6]["reason"], "requested");
     assert_eq!(events[4]["status"], "failed");
     assert_eq!(events[8]["reason"], "shutdown");
     let revisions: Vec<u64> = events
@@ -456,6 +459,9 @@ async fn respcoordctl_timeline_reads_who_stopped_each_response() {
     assert_eq!(first["superseded_by_source"], "vad");
     assert_eq!(second["source"], "vad");
     assert_eq!(second["reason"], "requested");
+    // Who stopped each: the superseding Start's source, the Cancel's.
+    assert_eq!(first["cancel_source"], "vad");
+    assert_eq!(second["cancel_source"], "vad");
     assert_eq!(second["superseded_by"], serde_json::Value::Null);
     assert!(first["duration_ms"].as_f64().unwrap() >= 0.0);
 
@@ -469,7 +475,7 @@ async fn respcoordctl_timeline_reads_who_stopped_each_response() {
         text.stdout
     );
     assert!(
-        text.stdout.contains("cancelled: requested"),
+        text.stdout.contains("cancelled: requested by vad"),
         "{}",
         text.stdout
     );

@@ -37,7 +37,7 @@ const started = (id: bigint): pb.LifecycleEvent["kind"] => ({
 });
 const cancelRequested = (id: bigint, reason: pb.CancelReason): pb.LifecycleEvent["kind"] => ({
   $case: "cancelRequested",
-  value: { responseId: id, reason },
+  value: { responseId: id, reason, source: pb.Source.SOURCE_UNSPECIFIED },
 });
 function sessionState(sessionId: string, phase: pb.Phase, active: bigint, revision: bigint): pb.SessionState {
   return { ...pb.SessionState.create(), sessionId, phase, activeResponseId: active, revision };

@@ -41,6 +41,8 @@ pub struct ResponseJson {
     pub started_ms: Option<f64>,
     pub started_revision: Option<u64>,
     pub cancel_requested_ms: Option<f64>,
+    /// Who asked for the cancel (`None` until one is requested).
+    pub cancel_source: Option<&'static str>,
     pub ended_ms: Option<f64>,
     pub status: Option<&'static str>,
     /// Why a cancelled response stopped; `None` unless cancelled.
@@ -62,6 +64,9 @@ impl From<&ResponseRow> for ResponseJson {
             started_ms: stamp_millis(row.started),
             started_revision: row.started.map(|stamp| stamp.revision),
             cancel_requested_ms: stamp_millis(row.cancel_requested),
+            cancel_source: row
+                .cancel_source
+                .map(|source| short_name(source.as_str_name())),
             ended_ms: stamp_millis(row.ended.map(|end| end.at)),
             status: row.ended.map(|end| short_name(end.status.as_str_name())),
             reason: cancelled.map(|end| short_name(end.reason.as_str_name())),
@@ -137,6 +142,7 @@ impl<'a> From<&'a pb::LifecycleEvent> for EventJson<'a> {
             Some(Kind::CancelRequested(cancel)) => {
                 json.kind = "cancel_requested";
                 json.response_id = Some(cancel.response_id);
+                json.source = Some(short_name(cancel.source().as_str_name()));
                 json.reason = Some(short_name(cancel.reason().as_str_name()));
             }
             Some(Kind::Ended(ended)) => {
@@ -167,6 +173,10 @@ pub struct StateJson<'a> {
     pub active_source: &'static str,
     pub revision: u64,
     pub responses_started: u64,
+    /// When the session last changed, where the answer says (ListSessions):
+    /// omitted otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changed_ms: Option<f64>,
 }
 
 impl<'a> From<&'a pb::SessionState> for StateJson<'a> {
@@ -178,6 +188,7 @@ impl<'a> From<&'a pb::SessionState> for StateJson<'a> {
             active_source: short_name(state.active_source().as_str_name()),
             revision: state.revision,
             responses_started: state.responses_started,
+            changed_ms: (state.changed_unix_nanos != 0).then(|| millis(state.changed_unix_nanos)),
         }
     }
 }

@@ -34,11 +34,22 @@ impl Session {
     }
 
     fn stop(&mut self, at: i64, id: u64, reason: pb::CancelReason) -> &mut Self {
+        self.stop_by(at, id, reason, pb::Source::Unspecified)
+    }
+
+    fn stop_by(
+        &mut self,
+        at: i64,
+        id: u64,
+        reason: pb::CancelReason,
+        source: pb::Source,
+    ) -> &mut Self {
         self.push(
             at,
             Kind::CancelRequested(pb::ResponseCancelRequested {
                 response_id: id,
                 reason: reason.into(),
+                source: source.into(),
             }),
         )
         .push(
@@ -87,9 +98,14 @@ fn a_supersede_names_the_start_that_stopped_the_response() {
     let mut session = Session::new();
     session
         .start(1_000 * MS, 1, pb::Source::Client)
-        .stop(2_840 * MS, 1, pb::CancelReason::Superseded)
+        .stop_by(2_840 * MS, 1, pb::CancelReason::Superseded, pb::Source::Vad)
         .start(2_840 * MS, 2, pb::Source::Vad)
-        .stop(3_000 * MS, 2, pb::CancelReason::Requested)
+        .stop_by(
+            3_000 * MS,
+            2,
+            pb::CancelReason::Requested,
+            pb::Source::Client,
+        )
         .start(4_000 * MS, 3, pb::Source::Client)
         .finish(5_500 * MS, 3, pb::TerminalStatus::Completed);
     let timeline = session.timeline();
@@ -103,6 +119,10 @@ fn a_supersede_names_the_start_that_stopped_the_response() {
     assert_eq!(end.status, pb::TerminalStatus::Cancelled);
     assert_eq!(end.reason, pb::CancelReason::Superseded);
     assert_eq!(rows[0].cancel_requested.map(|at| at.revision), Some(2));
+    assert_eq!(rows[0].cancel_source, Some(pb::Source::Vad));
+    // Who cancelled: the Cancel's source; none asked for the finished one.
+    assert_eq!(rows[1].cancel_source, Some(pb::Source::Client));
+    assert_eq!(rows[2].cancel_source, None);
 
     // A Cancel's stop is not a supersede, though a Start follows later.
     assert_eq!(rows[1].superseded_by, None);
@@ -288,7 +308,7 @@ fn rows_and_events_as_json() {
     let mut session = Session::new();
     session
         .start(1_000 * MS, 1, pb::Source::Client)
-        .stop(2_500 * MS, 1, pb::CancelReason::Superseded)
+        .stop_by(2_500 * MS, 1, pb::CancelReason::Superseded, pb::Source::Vad)
         .start(2_500 * MS, 2, pb::Source::Vad);
     let timeline = session.timeline();
     let row = serde_json::to_value(ResponseJson::from(timeline.response(1).unwrap())).unwrap();
@@ -297,7 +317,7 @@ fn rows_and_events_as_json() {
         serde_json::json!({
             "response_id": "1", "source": "client",
             "started_ms": 1000.0, "started_revision": 1,
-            "cancel_requested_ms": 2500.0, "ended_ms": 2500.0,
+            "cancel_requested_ms": 2500.0, "cancel_source": "vad", "ended_ms": 2500.0,
             "status": "cancelled", "reason": "superseded", "duration_ms": 1500.0,
             "superseded_by": "2", "superseded_by_source": "vad",
         })
@@ -305,6 +325,10 @@ fn rows_and_events_as_json() {
     let live = serde_json::to_value(ResponseJson::from(timeline.response(2).unwrap())).unwrap();
     assert_eq!(live["ended_ms"], serde_json::Value::Null);
     assert_eq!(live["status"], serde_json::Value::Null);
+    assert_eq!(live["cancel_source"], serde_json::Value::Null);
+    let cancel = serde_json::to_value(EventJson::from(&session.events[1])).unwrap();
+    assert_eq!(cancel["kind"], "cancel_requested");
+    assert_eq!(cancel["source"], "vad");
     let event = serde_json::to_value(EventJson::from(&session.events[2])).unwrap();
     assert_eq!(
         event,

@@ -350,6 +350,11 @@
     return r.status === 'cancelled' ? `cancelled-${r.reason || 'unspecified'}` : r.status;
   }
 
+  // Who asked for a response's cancel, where its event says: " by vad".
+  function by(r) {
+    return r.cancel_source && r.cancel_source !== 'unspecified' ? ` by ${r.cancel_source}` : '';
+  }
+
   function responseLabel(r, now) {
     const head = `#${r.response_id} ${r.source}`;
     const ran = r.duration_ms != null ? ` ${secs(r.duration_ms)}` : ''; // null when the start is not retained
@@ -360,7 +365,7 @@
     if (r.status === 'cancelled' && r.reason === 'superseded' && isId(r.superseded_by)) {
       return `${head} · superseded by #${r.superseded_by} (${r.superseded_by_source || 'unspecified'})${ran && ` after${ran}`}`;
     }
-    if (r.status === 'cancelled') return `${head} · cancelled: ${r.reason || 'unspecified'}`;
+    if (r.status === 'cancelled') return `${head} · cancelled: ${r.reason || 'unspecified'}${by(r)}`;
     return `${head} · ${r.status}${ran}`;
   }
 
@@ -424,7 +429,7 @@
         row.bar.title = [
           `response #${r.response_id} (${r.source})`,
           `started ${r.started_ms == null ? 'before the retained history' : clock(r.started_ms)}`,
-          r.cancel_requested_ms != null && `cancel requested ${clock(r.cancel_requested_ms)}`,
+          r.cancel_requested_ms != null && `cancel requested ${clock(r.cancel_requested_ms)}${by(r)}`,
           r.ended_ms != null ? `ended ${clock(r.ended_ms)}: ${r.status}${r.reason ? ` (${r.reason})` : ''}` : 'live',
         ].filter(Boolean).join('\n');
         const text = responseLabel(r, now);

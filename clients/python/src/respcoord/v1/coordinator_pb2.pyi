@@ -129,6 +129,7 @@ class SessionState(google.protobuf.message.Message):
     ACTIVE_SOURCE_FIELD_NUMBER: builtins.int
     REVISION_FIELD_NUMBER: builtins.int
     RESPONSES_STARTED_FIELD_NUMBER: builtins.int
+    CHANGED_UNIX_NANOS_FIELD_NUMBER: builtins.int
     session_id: builtins.str
     phase: global___Phase.ValueType
     active_response_id: builtins.int
@@ -138,6 +139,11 @@ class SessionState(google.protobuf.message.Message):
     revision: builtins.int
     """Revision of the session's last event; 0 if it has none."""
     responses_started: builtins.int
+    changed_unix_nanos: builtins.int
+    """When the session last changed: the unix_nanos of its event `revision`.
+    Set in ListSessions answers (0 when that event's time is not known:
+    none retained); 0 in other replies, which may fill it later.
+    """
     def __init__(
         self,
         *,
@@ -147,8 +153,9 @@ class SessionState(google.protobuf.message.Message):
         active_source: global___Source.ValueType = ...,
         revision: builtins.int = ...,
         responses_started: builtins.int = ...,
+        changed_unix_nanos: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["active_response_id", b"active_response_id", "active_source", b"active_source", "phase", b"phase", "responses_started", b"responses_started", "revision", b"revision", "session_id", b"session_id"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["active_response_id", b"active_response_id", "active_source", b"active_source", "changed_unix_nanos", b"changed_unix_nanos", "phase", b"phase", "responses_started", b"responses_started", "revision", b"revision", "session_id", b"session_id"]) -> None: ...
 
 global___SessionState = SessionState
 
@@ -520,15 +527,23 @@ class ResponseCancelRequested(google.protobuf.message.Message):
 
     RESPONSE_ID_FIELD_NUMBER: builtins.int
     REASON_FIELD_NUMBER: builtins.int
+    SOURCE_FIELD_NUMBER: builtins.int
     response_id: builtins.int
     reason: global___CancelReason.ValueType
+    source: global___Source.ValueType
+    """Who asked for the cancel, for observability: the Cancel's source
+    (REQUESTED), the superseding Start's source (SUPERSEDED). UNSPECIFIED
+    for SHUTDOWN (ShutdownRequest has no source) and EXPIRED (no caller),
+    and in events written before this field existed.
+    """
     def __init__(
         self,
         *,
         response_id: builtins.int = ...,
         reason: global___CancelReason.ValueType = ...,
+        source: global___Source.ValueType = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["reason", b"reason", "response_id", b"response_id"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["reason", b"reason", "response_id", b"response_id", "source", b"source"]) -> None: ...
 
 global___ResponseCancelRequested = ResponseCancelRequested
 

@@ -178,7 +178,8 @@ enum Command {
         /// session is created by its first Start.
         session: String,
         /// Who asks for the response: recorded on its `started` event and
-        /// the session's state.
+        /// the session's state, and as who cancelled the response it
+        /// supersedes.
         #[arg(long, value_enum, default_value_t = SourceArg::Client)]
         source: SourceArg,
         /// Idempotency key; repeating it replays instead of starting again
@@ -205,7 +206,8 @@ enum Command {
         /// Cancel only if this response is the live one.
         #[arg(long, value_parser = id_arg)]
         if_response_id: Option<u64>,
-        /// Who asks for the cancel (counted in the server's metrics).
+        /// Who asks for the cancel: recorded on the `cancel_requested` event
+        /// (`watch`, `timeline` show it).
         #[arg(long, value_enum, default_value_t = SourceArg::Client)]
         source: SourceArg,
     },

@@ -222,7 +222,8 @@ fn teardown_text(teardown: Teardown) -> String {
     )
 }
 
-/// How a response ended, and why: "superseded by 3 (vad) after 1.840 s".
+/// How a response ended, and why: "superseded by 3 (vad) after 1.840 s",
+/// "cancelled: requested by vad after 0.412 s".
 fn outcome(row: &ResponseRow) -> String {
     let Some(end) = row.ended else {
         return match row.cancel_requested {
@@ -239,12 +240,20 @@ fn outcome(row: &ResponseRow) -> String {
             format!("superseded by {by} ({}){ran}", short(source))
         }
         (pb::TerminalStatus::Cancelled, None) => {
-            format!("cancelled: {}{ran}", short_reason(end.reason))
+            format!("cancelled: {}{}{ran}", short_reason(end.reason), by(row))
         }
         (status, _) => format!(
             "{}{ran}",
             respcoord_proto::timeline::short_name(status.as_str_name())
         ),
+    }
+}
+
+/// Who asked for a cancel, where the event says: " by vad".
+fn by(row: &ResponseRow) -> String {
+    match row.cancel_source {
+        Some(source) if source != pb::Source::Unspecified => format!(" by {}", short(source)),
+        _ => String::new(),
     }
 }
 

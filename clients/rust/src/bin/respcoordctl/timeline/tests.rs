@@ -23,10 +23,15 @@ fn started(id: u64, source: pb::Source) -> Kind {
 }
 
 fn stop(id: u64, reason: pb::CancelReason) -> [Kind; 2] {
+    stop_by(id, reason, pb::Source::Unspecified)
+}
+
+fn stop_by(id: u64, reason: pb::CancelReason, source: pb::Source) -> [Kind; 2] {
     [
         Kind::CancelRequested(pb::ResponseCancelRequested {
             response_id: id,
             reason: reason.into(),
+            source: source.into(),
         }),
         Kind::Ended(pb::ResponseEnded {
             response_id: id,
@@ -39,8 +44,8 @@ fn stop(id: u64, reason: pb::CancelReason) -> [Kind; 2] {
 /// A scripted session: a completed reply, a reply cut off by a VAD
 /// barge-in, the barge-in's reply cancelled, a new reply still live.
 fn scripted() -> (pb::SessionState, Timeline) {
-    let [req1, end1] = stop(2, pb::CancelReason::Superseded);
-    let [req2, end2] = stop(3, pb::CancelReason::Requested);
+    let [req1, end1] = stop_by(2, pb::CancelReason::Superseded, pb::Source::Vad);
+    let [req2, end2] = stop_by(3, pb::CancelReason::Requested, pb::Source::Client);
     let events = [
         event(1, 0, started(1, pb::Source::Client)),
         event(
@@ -71,6 +76,7 @@ fn scripted() -> (pb::SessionState, Timeline) {
         active_source: pb::Source::Client.into(),
         revision: 9,
         responses_started: 4,
+        ..Default::default()
     };
     (state, timeline)
 }
@@ -85,7 +91,7 @@ fn a_scripted_session_reads_as_its_responses() {
         "     1  client  12:00:00.000    2.310 s  ████████                          completed after 2.310 s",
         "        idle 2.692 s",
         "     2  client  12:00:05.002    1.840 s                 ██████             superseded by 3 (vad) after 1.840 s",
-        "     3  vad     12:00:06.842    0.520 s                      ███           cancelled: requested after 0.520 s",
+        "     3  vad     12:00:06.842    0.520 s                      ███           cancelled: requested by client after 0.520 s",
         "        idle 3.100 s",
         "     4  client  12:00:10.462       live                                 >  live",
     ];

@@ -87,6 +87,12 @@ export interface SessionState {
   /** Revision of the session's last event; 0 if it has none. */
   revision: bigint;
   responsesStarted: bigint;
+  /**
+   * When the session last changed: the unix_nanos of its event `revision`.
+   * Set in ListSessions answers (0 when that event's time is not known:
+   * none retained); 0 in other replies, which may fill it later.
+   */
+  changedUnixNanos: bigint;
 }
 
 export interface StartRequest {
@@ -211,6 +217,13 @@ export interface ResponseStarted {
 export interface ResponseCancelRequested {
   responseId: bigint;
   reason: CancelReason;
+  /**
+   * Who asked for the cancel, for observability: the Cancel's source
+   * (REQUESTED), the superseding Start's source (SUPERSEDED). UNSPECIFIED
+   * for SHUTDOWN (ShutdownRequest has no source) and EXPIRED (no caller),
+   * and in events written before this field existed.
+   */
+  source: Source;
 }
 
 export interface ResponseEnded {
@@ -226,7 +239,15 @@ export interface SessionTerminated {
 }
 
 function createBaseSessionState(): SessionState {
-  return { sessionId: "", phase: 0, activeResponseId: 0n, activeSource: 0, revision: 0n, responsesStarted: 0n };
+  return {
+    sessionId: "",
+    phase: 0,
+    activeResponseId: 0n,
+    activeSource: 0,
+    revision: 0n,
+    responsesStarted: 0n,
+    changedUnixNanos: 0n,
+  };
 }
 
 export const SessionState: MessageFns<SessionState> = {
@@ -257,6 +278,12 @@ export const SessionState: MessageFns<SessionState> = {
         throw new globalThis.Error("value provided for field message.responsesStarted of type uint64 too large");
       }
       writer.uint32(48).uint64(message.responsesStarted);
+    }
+    if (message.changedUnixNanos !== 0n) {
+      if (BigInt.asIntN(64, message.changedUnixNanos) !== message.changedUnixNanos) {
+        throw new globalThis.Error("value provided for field message.changedUnixNanos of type int64 too large");
+      }
+      writer.uint32(56).int64(message.changedUnixNanos);
     }
     return writer;
   },
@@ -322,6 +349,14 @@ export const SessionState: MessageFns<SessionState> = {
             message.responsesStarted = reader.uint64() as bigint;
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.changedUnixNanos = reader.int64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -348,6 +383,9 @@ export const SessionState: MessageFns<SessionState> = {
     message.revision = (object.revision !== undefined && object.revision !== null) ? BigInt(object.revision) : 0n;
     message.responsesStarted = (object.responsesStarted !== undefined && object.responsesStarted !== null)
       ? BigInt(object.responsesStarted)
+      : 0n;
+    message.changedUnixNanos = (object.changedUnixNanos !== undefined && object.changedUnixNanos !== null)
+      ? BigInt(object.changedUnixNanos)
       : 0n;
     return message;
   },
@@ -1642,7 +1680,7 @@ export const ResponseStarted: MessageFns<ResponseStarted> = {
 };
 
 function createBaseResponseCancelRequested(): ResponseCancelRequested {
-  return { responseId: 0n, reason: 0 };
+  return { responseId: 0n, reason: 0, source: 0 };
 }
 
 export const ResponseCancelRequested: MessageFns<ResponseCancelRequested> = {
@@ -1655,6 +1693,9 @@ export const ResponseCancelRequested: MessageFns<ResponseCancelRequested> = {
     }
     if (message.reason !== 0) {
       writer.uint32(16).int32(message.reason);
+    }
+    if (message.source !== 0) {
+      writer.uint32(24).int32(message.source);
     }
     return writer;
   },
@@ -1688,6 +1729,14 @@ export const ResponseCancelRequested: MessageFns<ResponseCancelRequested> = {
             message.reason = reader.int32() as any;
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.source = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1709,6 +1758,7 @@ export const ResponseCancelRequested: MessageFns<ResponseCancelRequested> = {
       ? BigInt(object.responseId)
       : 0n;
     message.reason = object.reason ?? 0;
+    message.source = object.source ?? 0;
     return message;
   },
 };
