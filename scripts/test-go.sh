@@ -22,18 +22,21 @@ module=github.com/respcoord/respcoord/clients/go
 client="$root/clients/go"
 tools="$root/target/go-tools"
 cd "$client"
+# Each section says when it began, so a slow run shows where its time went.
+began=$SECONDS
+step() { echo "== test-go: $1 (at $((SECONDS - began)) s)"; }
 
-echo "== test-go: generated code"
+step "generated code"
 ./scripts/codegen.sh --check
 
-echo "== test-go: gofmt, go vet, staticcheck"
+step "gofmt, go vet, staticcheck"
 unformatted="$(gofmt -l .)"
 [[ -z "$unformatted" ]] || { echo "test-go: not gofmt-clean:" >&2; echo "$unformatted" >&2; exit 1; }
 go vet ./...
 go build -C tools -o "$tools/staticcheck" honnef.co/go/tools/cmd/staticcheck
 "$tools/staticcheck" ./...
 
-echo "== test-go: run-time dependencies"
+step "run-time dependencies"
 # Every module the client's packages link, against grpc-go, protobuf-go and
 # the modules their own go.mod files require.
 allowed="$( {
@@ -47,14 +50,14 @@ extra="$(comm -23 <(echo "$linked") <(echo "$allowed"))"
 [[ -z "$extra" ]] || { echo "test-go: the client links modules beyond grpc-go and protobuf-go's own:" >&2; echo "$extra" >&2; exit 1; }
 echo "$linked" | sed 's/^/    /'
 
-echo "== test-go: go test -race (memory backend)"
+step "go test -race (memory backend)"
 go test -race -count=1 ./...
 if [[ -n "${RESPCOORD_TEST_NATS_URL:-}" ]]; then
-  echo "== test-go: the shared scenarios on NATS ($RESPCOORD_TEST_NATS_URL)"
+  step "the shared scenarios on NATS ($RESPCOORD_TEST_NATS_URL)"
   RESPCOORD_TEST_BACKEND=nats go test -race -count=1 -run 'TestScenarios|TestEveryScenario' .
 fi
 
-echo "== test-go: install test"
+step "install test"
 # The README shows the quickstart this test runs, verbatim.
 python3 - README.md examples/quickstart/main.go <<'PY'
 import sys
@@ -89,4 +92,4 @@ for _ in $(seq 200); do
   sleep 0.05
 done
 (cd "$work" && timeout 60 ./quickstart "127.0.0.1:$port")
-echo "test-go: ok"
+echo "test-go: ok ($SECONDS s)"
