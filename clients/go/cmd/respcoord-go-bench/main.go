@@ -14,7 +14,9 @@
 //     supersedes it (odd rounds, Start). Measured from just before B's call
 //     to the moment A's body sees its context done, on the wall clock both
 //     processes share.
-//   - round trips: Start, Finish and GetState, one at a time, on one client.
+//   - round trips: Start, Finish and GetState, one at a time, on one client,
+//     and GetState on the generated stub beside them (the client's own cost
+//     is the difference).
 package main
 
 import (
@@ -32,6 +34,7 @@ import (
 	"time"
 
 	respcoord "github.com/respcoord/respcoord/clients/go"
+	pb "github.com/respcoord/respcoord/clients/go/respcoordv1"
 )
 
 func main() {
@@ -209,7 +212,7 @@ func roundTrips(ctx context.Context, c *respcoord.Client, calls int) error {
 	if err != nil {
 		return err
 	}
-	var starts, finishes, states []time.Duration
+	var starts, finishes, states, raws []time.Duration
 	for range calls {
 		began := time.Now()
 		r, err := session.Start(ctx, respcoord.SourceClient)
@@ -227,13 +230,20 @@ func roundTrips(ctx context.Context, c *respcoord.Client, calls int) error {
 			return err
 		}
 		states = append(states, time.Since(began))
+		// The same read on the generated stub: what the server and gRPC
+		// cost without this package (no validation, no retry wrapper).
+		began = time.Now()
+		if _, err := c.Raw().GetState(ctx, &pb.GetStateRequest{SessionId: session.ID()}); err != nil {
+			return err
+		}
+		raws = append(raws, time.Since(began))
 	}
 	for _, m := range []struct {
 		name    string
 		samples []time.Duration
-	}{{"Start", starts}, {"Finish", finishes}, {"GetState", states}} {
+	}{{"Start", starts}, {"Finish", finishes}, {"GetState", states}, {"raw GetState", raws}} {
 		p50, p99, worst := summary(m.samples)
-		fmt.Printf("round trip %-8s (go, loopback, %d calls): p50 %s, p99 %s, max %s\n", m.name, calls, ms(p50), ms(p99), ms(worst))
+		fmt.Printf("round trip %-12s (go, loopback, %d calls): p50 %s, p99 %s, max %s\n", m.name, calls, ms(p50), ms(p99), ms(worst))
 	}
 	return nil
 }
