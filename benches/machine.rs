@@ -61,6 +61,7 @@ fn machine(c: &mut Criterion<BenchClock>) {
             active,
             Call::Teardown {
                 reason: TeardownReason::Shutdown,
+                source: respcoord::machine::Source::Unspecified,
             },
         ),
     ];

@@ -88,10 +88,11 @@ impl Coordinator {
     pub async fn shutdown(
         &self,
         id: &SessionId,
+        source: Source,
     ) -> Result<Changed<Option<ResponseId>>, CoordError> {
         match self {
-            Coordinator::Memory(registry) => registry.shutdown(id),
-            Coordinator::Nats(nats) => nats.shutdown(id).await,
+            Coordinator::Memory(registry) => registry.shutdown_from(id, source),
+            Coordinator::Nats(nats) => nats.shutdown_from(id, source).await,
         }
     }
 

@@ -15,7 +15,7 @@ use crate::{
     error::CoordError,
     event::Change,
     ids::{ResponseId, SessionId},
-    machine::{Call, Outcome, Phase, TeardownReason},
+    machine::{Call, Outcome, Phase, Source, TeardownReason},
     session::{Millis, Session, SessionSnapshot, Ttls},
 };
 
@@ -269,6 +269,7 @@ impl ReadyExpiry<'_> {
 /// The teardown that expiry makes.
 pub const EXPIRY: Call = Call::Teardown {
     reason: TeardownReason::Expired,
+    source: Source::Unspecified,
 };
 
 /// Decides what expiry does with `session` at `now` (a forget is traced by

@@ -117,9 +117,9 @@ pub enum EventKind {
     CancelRequested {
         response: ResponseId,
         reason: CancelReason,
-        /// Who asked: the superseding Start's source, the Cancel's;
-        /// unspecified for a teardown (a Shutdown carries no source, expiry
-        /// has no caller). Recorded only, like every source.
+        /// Who asked: the superseding Start's source, the Cancel's, the
+        /// Shutdown's; unspecified for expiry, which has no caller.
+        /// Recorded only, like every source.
         source: Source,
     },
     Ended {
@@ -158,8 +158,13 @@ pub enum Call {
         /// part of the transition.
         source: Source,
     },
-    /// Shutdown (explicit) or idle expiry.
-    Teardown { reason: TeardownReason },
+    /// Shutdown (explicit) or idle expiry. `source`: who asked for a
+    /// Shutdown, recorded on the cancel of its live response (unspecified
+    /// for expiry, which has no caller).
+    Teardown {
+        reason: TeardownReason,
+        source: Source,
+    },
 }
 
 impl Call {
@@ -170,7 +175,8 @@ impl Call {
             self,
             Call::Start { .. }
                 | Call::Teardown {
-                    reason: TeardownReason::Shutdown
+                    reason: TeardownReason::Shutdown,
+                    ..
                 }
         )
     }
@@ -183,9 +189,11 @@ impl Call {
             Call::Cancel { .. } => "cancel",
             Call::Teardown {
                 reason: TeardownReason::Shutdown,
+                ..
             } => "shutdown",
             Call::Teardown {
                 reason: TeardownReason::Expired,
+                ..
             } => "expire",
         }
     }
@@ -341,10 +349,10 @@ pub fn transition(phase: Phase, call: &Call, new_response: ResponseId) -> Transi
         (Phase::Terminated, Call::Teardown { .. }) => {
             Transition::unchanged(phase, Outcome::TornDown { cancelled: None })
         }
-        (Phase::Idle | Phase::Active(_), &Call::Teardown { reason }) => {
+        (Phase::Idle | Phase::Active(_), &Call::Teardown { reason, source }) => {
             let cancelled = phase.active();
             if let Some(active) = cancelled {
-                cancel_events(&mut events, active, reason.into(), Source::Unspecified);
+                cancel_events(&mut events, active, reason.into(), source);
             }
             events.push(EventKind::Terminated { reason });
             Transition {

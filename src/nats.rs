@@ -380,8 +380,19 @@ impl NatsCoordinator {
         &self,
         id: &SessionId,
     ) -> Result<Changed<Option<ResponseId>>, CoordError> {
+        self.shutdown_from(id, Source::Unspecified).await
+    }
+
+    /// [`NatsCoordinator::shutdown`] asked for by `source` (recorded on the
+    /// cancel of the live response).
+    pub async fn shutdown_from(
+        &self,
+        id: &SessionId,
+        source: Source,
+    ) -> Result<Changed<Option<ResponseId>>, CoordError> {
         let call = Call::Teardown {
             reason: TeardownReason::Shutdown,
+            source,
         };
         Ok(self.inner.call(id, &call).await?.cancelled())
     }

@@ -38,7 +38,7 @@ use crate::{
     error::CoordError,
     events::{Append, EventLog, Feed, LogLimits, SessionFeeds},
     ids::{ResponseId, SessionId},
-    machine::{Call, Phase, TeardownReason},
+    machine::{Call, Phase, Source, TeardownReason},
     session::{Millis, Session, SessionSnapshot, Ttls},
     stats::CoordStats,
 };
@@ -174,8 +174,19 @@ impl Registry {
     /// Shutdown creates a tombstone for an unknown id, so a later Start on it
     /// is refused.
     pub fn shutdown(&self, id: &SessionId) -> Result<Changed<Option<ResponseId>>, CoordError> {
+        self.shutdown_from(id, Source::Unspecified)
+    }
+
+    /// [`Registry::shutdown`] asked for by `source` (recorded on the cancel
+    /// of the live response).
+    pub fn shutdown_from(
+        &self,
+        id: &SessionId,
+        source: Source,
+    ) -> Result<Changed<Option<ResponseId>>, CoordError> {
         let call = Call::Teardown {
             reason: TeardownReason::Shutdown,
+            source,
         };
         Ok(self.inner.call(id, &call)?.cancelled())
     }

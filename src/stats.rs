@@ -65,9 +65,11 @@ impl TransitionKind {
             Call::Cancel { .. } => TransitionKind::Cancel,
             Call::Teardown {
                 reason: TeardownReason::Shutdown,
+                ..
             } => TransitionKind::Shutdown,
             Call::Teardown {
                 reason: TeardownReason::Expired,
+                ..
             } => TransitionKind::Expire,
         }
     }
@@ -117,8 +119,8 @@ fn stop_index(reason: CancelReason) -> usize {
 }
 
 /// Who stopped a response: the source of the superseding Start or of the
-/// Cancel; `none` for a teardown (Shutdown carries no source, expiry is
-/// the coordinator's own).
+/// Cancel; `none` for a teardown (a Shutdown's source is on its event, not
+/// counted here; expiry is the coordinator's own).
 pub const STOPPERS: [&str; 4] = ["client", "vad", "unspecified", "none"];
 
 fn stopper_index(call: &Call) -> usize {
@@ -358,6 +360,7 @@ mod tests {
                 31,
                 Call::Teardown {
                     reason: TeardownReason::Shutdown,
+                    source: crate::machine::Source::Unspecified,
                 },
             ),
         ];

@@ -309,7 +309,10 @@ async fn cancel_and_shutdown_from_another_gateway_stop_responses() {
     );
 
     let second = a_session.start(Source::Client).await.unwrap();
-    assert_eq!(b_session.shutdown().await.unwrap(), Some(second.id()));
+    assert_eq!(
+        b_session.shutdown(Source::Client).await.unwrap(),
+        Some(second.id())
+    );
     assert_eq!(
         within("shutdown reaches A", second.stopped()).await,
         StopReason::Shutdown

@@ -225,6 +225,7 @@ async fn exported_after_traffic(envs: &[(&str, &str)]) -> BTreeSet<String> {
     client
         .shutdown(pb::ShutdownRequest {
             session_id: "dash-1".into(),
+            source: pb::Source::Unspecified.into(),
         })
         .await
         .expect("shutdown");

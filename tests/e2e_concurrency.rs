@@ -111,6 +111,7 @@ async fn gateway(server_addr: String, seed: u64) -> Seen {
                 // Rare, so the race mostly happens on live sessions.
                 c.shutdown(pb::ShutdownRequest {
                     session_id: session,
+                    source: pb::Source::Unspecified.into(),
                 })
                 .await
                 .unwrap();

@@ -467,6 +467,7 @@ async fn session_limit_is_resource_exhausted() {
     assert_code(
         c.shutdown(pb::ShutdownRequest {
             session_id: "c".into(),
+            source: pb::Source::Unspecified.into(),
         })
         .await,
         Code::ResourceExhausted,

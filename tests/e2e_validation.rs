@@ -66,6 +66,7 @@ async fn every_rpc(c: &mut Client, id: &str, why: &str) {
     assert_invalid(
         c.shutdown(pb::ShutdownRequest {
             session_id: session_id.clone(),
+            source: pb::Source::Unspecified.into(),
         })
         .await,
         "session_id",

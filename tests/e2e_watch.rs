@@ -90,7 +90,7 @@ async fn after_revision_beyond_retention_is_out_of_range() {
 
 /// Who asked for each cancel is on the watched `cancel_requested`: the
 /// superseding Start's source, a Cancel's source (SOURCE_VAD here, a
-/// barge-in), and unspecified for a Shutdown, whose request has none. Over
+/// barge-in), a Shutdown's source. Over
 /// real gRPC on the backend the run selects, so on NATS the source went
 /// through the stored entry and back.
 #[tokio::test]
@@ -117,8 +117,13 @@ async fn a_cancel_requested_event_carries_who_asked() {
         .unwrap()
         .into_inner();
     assert_eq!(cancelled.cancelled_response_id, second.response_id);
-    let third = start(&mut c, "who").await.response_id;
-    shutdown(&mut c, "who").await;
+    let third = c.start(start_from(Source::Vad)).await.unwrap().into_inner();
+    c.shutdown(pb::ShutdownRequest {
+        session_id: "who".into(),
+        source: Source::Client.into(),
+    })
+    .await
+    .unwrap();
     // started; supersede (3); cancel (2); started; shutdown (3).
     let events = next_events(&mut watch, 10).await;
     let cancels: Vec<_> = events
@@ -135,7 +140,7 @@ async fn a_cancel_requested_event_carries_who_asked() {
         [
             (first.response_id, R::Superseded, Source::Client),
             (second.response_id, R::Requested, Source::Vad),
-            (third, R::Shutdown, Source::Unspecified),
+            (third.response_id, R::Shutdown, Source::Client),
         ]
     );
     // A watch that reads the retained history later sees the same sources.

@@ -964,6 +964,7 @@ async fn a_nats_node_dies_mid_load_and_nothing_acknowledged_is_lost() {
     for i in 0..SESSIONS {
         let request = pb::ShutdownRequest {
             session_id: format!("s{i}"),
+            source: pb::Source::Unspecified.into(),
         };
         settle(&c, |mut c: Client| {
             let request = request.clone();

@@ -314,6 +314,7 @@ async fn a_scoped_token_can_neither_touch_nor_watch_sessions_outside_its_prefix(
     denied(
         a.shutdown(pb::ShutdownRequest {
             session_id: "tenant-b/call-1".into(),
+            source: pb::Source::Unspecified.into(),
         })
         .await
         .map(|_| ()),
@@ -417,11 +418,13 @@ async fn listings_and_watch_all_are_filtered_to_the_scope() {
     // Later events of other tenants never show up on A's streams.
     b.shutdown(pb::ShutdownRequest {
         session_id: "tenant-b/0".into(),
+        source: pb::Source::Unspecified.into(),
     })
     .await
     .unwrap();
     a.shutdown(pb::ShutdownRequest {
         session_id: "tenant-a/0".into(),
+        source: pb::Source::Unspecified.into(),
     })
     .await
     .unwrap();

@@ -266,6 +266,7 @@ async fn a_session_page_gets_its_snapshot_then_each_change_live() {
     client
         .shutdown(pb::ShutdownRequest {
             session_id: session.clone(),
+            source: pb::Source::Unspecified.into(),
         })
         .await
         .unwrap();

@@ -495,6 +495,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
     let shutdown = |session: &str| {
         enc(pb::ShutdownRequest {
             session_id: session.into(),
+            source: pb::Source::Unspecified.into(),
         })
     };
     let get_state = |session: &str| {

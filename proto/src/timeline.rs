@@ -11,8 +11,8 @@
 //! SUPERSEDED) followed, in the same transition, by the new `started`.
 //!
 //! A row says who started a response and who stopped it: the source on
-//! its `cancel_requested` (the Cancel's, or the superseding Start's; an
-//! event stored before 0.2.0, a Shutdown and an expiry say unspecified)
+//! its `cancel_requested` (the Cancel's, the superseding Start's or the
+//! Shutdown's; an expiry, and an event stored before 0.2.0, say unspecified)
 //! and, for a supersede, which response's Start stopped it.
 
 use std::collections::VecDeque;

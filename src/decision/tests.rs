@@ -45,6 +45,7 @@ fn absent_sessions_are_created_only_by_start_and_shutdown_and_only_with_room() {
         (
             Call::Teardown {
                 reason: TeardownReason::Shutdown,
+                source: crate::machine::Source::Unspecified,
             },
             true,
         ),
@@ -202,6 +203,7 @@ fn refused_start_is_not_remembered() {
     let mut session = Session::new(0);
     let shutdown = Call::Teardown {
         reason: TeardownReason::Shutdown,
+        source: crate::machine::Source::Unspecified,
     };
     on(&mut session, &shutdown, 5, 64);
     let refused = on(&mut session, &start(Some("late")), 6, 64);

@@ -95,6 +95,18 @@ pub fn cancel(request: &pb::CancelRequest) -> Result<CancelArgs, CoordError> {
     })
 }
 
+pub struct ShutdownArgs {
+    pub session_id: SessionId,
+    pub source: Source,
+}
+
+pub fn shutdown(request: &pb::ShutdownRequest) -> Result<ShutdownArgs, CoordError> {
+    Ok(ShutdownArgs {
+        session_id: session_id(&request.session_id)?,
+        source: source(request.source)?,
+    })
+}
+
 pub struct ListArgs {
     pub page_size: usize,
     pub cursor: Option<PageToken>,

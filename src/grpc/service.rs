@@ -160,9 +160,12 @@ impl ResponseCoordinator for CoordinatorService {
         &self,
         request: Request<pb::ShutdownRequest>,
     ) -> Result<Response<pb::ShutdownResponse>, Status> {
-        let session_id = convert::session_id(&request.get_ref().session_id)?;
-        authorized(&request, &session_id)?;
-        let shut = self.coordinator.shutdown(&session_id).await?;
+        let args = convert::shutdown(request.get_ref())?;
+        authorized(&request, &args.session_id)?;
+        let shut = self
+            .coordinator
+            .shutdown(&args.session_id, args.source)
+            .await?;
         record("terminated", response_id_or_zero(shut.result));
         Ok(Response::new(pb::ShutdownResponse {
             cancelled_response_id: response_id_or_zero(shut.result),

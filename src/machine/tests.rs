@@ -44,7 +44,10 @@ fn cancel_from(raw: u64, source: Source) -> Call {
     }
 }
 fn teardown(reason: TeardownReason) -> Call {
-    Call::Teardown { reason }
+    Call::Teardown {
+        reason,
+        source: Unspecified,
+    }
 }
 fn started(raw: u64, source: Source) -> EventKind {
     EventKind::Started {
@@ -244,6 +247,35 @@ fn all_inputs() -> Vec<Call> {
     inputs.push(teardown(TeardownReason::Shutdown));
     inputs.push(teardown(TeardownReason::Expired));
     inputs
+}
+
+/// Who asked is on the cancel of every kind: a superseding Start's source,
+/// a Cancel's, a Shutdown's; expiry has no caller.
+#[test]
+fn a_cancel_carries_the_source_of_the_call_that_asked() {
+    let act = active(A, Client);
+    for source in [Unspecified, Client, Vad] {
+        let calls = [
+            (start(source), Superseded),
+            (cancel_from(0, source), Requested),
+            (
+                Call::Teardown {
+                    reason: TeardownReason::Shutdown,
+                    source,
+                },
+                RShutdown,
+            ),
+        ];
+        for (call, reason) in calls {
+            let t = transition(act, &call, id(N));
+            assert_eq!(t.events[0], cancel_requested(A, reason, source), "{call:?}");
+        }
+    }
+    let expired = transition(act, &teardown(TeardownReason::Expired), id(N));
+    assert_eq!(
+        expired.events[0],
+        cancel_requested(A, RExpired, Unspecified)
+    );
 }
 
 #[test]

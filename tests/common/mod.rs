@@ -375,6 +375,7 @@ pub async fn shutdown(client: &mut Client, session: &str) -> pb::ShutdownRespons
     client
         .shutdown(pb::ShutdownRequest {
             session_id: session.into(),
+            source: pb::Source::Unspecified.into(),
         })
         .await
         .expect("shutdown")

@@ -247,6 +247,7 @@ fn spec_op(op: &Op, source: usize, candidates: &[u64]) -> Option<SpecOp> {
         }),
         Call::Shutdown => Action::Call(SpecCall::Teardown {
             reason: TeardownReason::Shutdown,
+            source: respcoord::machine::Source::Unspecified,
         }),
         Call::GetState => Action::GetState,
     };

@@ -253,9 +253,13 @@ async fn library_call(c: &client::Client, session: &str, call: &Call) -> Outcome
                 cancelled: nonzero(r.cancelled_response_id),
             },
         ),
-        Call::Shutdown => library_outcome(c.shutdown_call(session).await, |r| Answer::ShutDown {
-            cancelled: nonzero(r.cancelled_response_id),
-        }),
+        Call::Shutdown => library_outcome(
+            c.shutdown_call(session, respcoord_client::Source::Unspecified)
+                .await,
+            |r| Answer::ShutDown {
+                cancelled: nonzero(r.cancelled_response_id),
+            },
+        ),
         Call::GetState => library_outcome(c.get_state(session).await, |s| state_answer(Some(s))),
     }
 }
@@ -313,8 +317,11 @@ async fn raw_call(mut c: RawClient, session: &str, call: &Call) -> Outcome {
             },
         ),
         Call::Shutdown => raw_outcome(
-            c.shutdown(with_deadline(pb::ShutdownRequest { session_id }))
-                .await,
+            c.shutdown(with_deadline(pb::ShutdownRequest {
+                session_id,
+                source: pb::Source::Unspecified.into(),
+            }))
+            .await,
             |r| Answer::ShutDown {
                 cancelled: nonzero(r.cancelled_response_id),
             },

@@ -349,6 +349,7 @@ impl Node {
             },
             Req::Shutdown => Call::Teardown {
                 reason: TeardownReason::Shutdown,
+                source: respcoord::machine::Source::Unspecified,
             },
         };
         let first_seq = state.next_seq;

@@ -71,6 +71,7 @@ impl Req {
             },
             Req::Shutdown => Call::Teardown {
                 reason: TeardownReason::Shutdown,
+                source: respcoord::machine::Source::Unspecified,
             },
         }
     }

@@ -93,9 +93,11 @@ impl SessionModel {
             },
             SpecAction::Shutdown => Call::Teardown {
                 reason: TeardownReason::Shutdown,
+                source: respcoord::machine::Source::Unspecified,
             },
             SpecAction::Expire => Call::Teardown {
                 reason: TeardownReason::Expired,
+                source: respcoord::machine::Source::Unspecified,
             },
         }
     }

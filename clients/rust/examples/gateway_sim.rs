@@ -99,7 +99,10 @@ async fn main() -> Result<(), ClientError> {
         }
     }
     for i in 0..args.sessions {
-        reader.session(&format!("{prefix}-{i}"))?.shutdown().await?;
+        reader
+            .session(&format!("{prefix}-{i}"))?
+            .shutdown(Source::Client)
+            .await?;
     }
 
     let mut tally = std::mem::take(&mut *tally.lock().unwrap());

@@ -377,13 +377,16 @@ impl Client {
         Ok(reply)
     }
 
-    /// Shutdown. Idempotent: retried.
+    /// Shutdown, asked for by `source` (recorded on the live response's
+    /// `cancel_requested`). Idempotent: retried.
     pub async fn shutdown_call(
         &self,
         session_id: &str,
+        source: Source,
     ) -> Result<pb::ShutdownResponse, ClientError> {
         let request = pb::ShutdownRequest {
             session_id: session_id.into(),
+            source: source.into(),
         };
         let (reply, _) = self
             .call(

@@ -258,9 +258,10 @@ impl Session {
         Ok(nonzero(reply.cancelled_response_id))
     }
 
-    /// Tears the session down (idempotent). Returns the cancelled id.
-    pub async fn shutdown(&self) -> Result<Option<u64>, ClientError> {
-        let reply = self.client.shutdown_call(self.id()).await?;
+    /// Tears the session down (idempotent), asked for by `source`. Returns
+    /// the cancelled id.
+    pub async fn shutdown(&self, source: Source) -> Result<Option<u64>, ClientError> {
+        let reply = self.client.shutdown_call(self.id(), source).await?;
         Ok(nonzero(reply.cancelled_response_id))
     }
 

@@ -587,9 +587,18 @@ export class Session {
     return reply.cancelledResponseId === 0n ? undefined : reply.cancelledResponseId;
   }
 
-  /** Tears the session down (idempotent): nothing starts on it afterwards. Returns the cancelled id. */
-  async shutdown(options: CallSignal = {}): Promise<bigint | undefined> {
-    const reply = await this.client.call((raw) => raw.shutdown.bind(raw), { sessionId: this.id }, true, options.signal);
+  /**
+   * Tears the session down (idempotent): nothing starts on it afterwards. Returns the cancelled id. `source`
+   * (default `"client"`) is recorded as who cancelled the live response.
+   */
+  async shutdown(options: CallSignal & { readonly source?: Source } = {}): Promise<bigint | undefined> {
+    const source = sourceToWire(validateSource(options.source ?? "client"));
+    const reply = await this.client.call(
+      (raw) => raw.shutdown.bind(raw),
+      { sessionId: this.id, source },
+      true,
+      options.signal,
+    );
     return reply.cancelledResponseId === 0n ? undefined : reply.cancelledResponseId;
   }
 

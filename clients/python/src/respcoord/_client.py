@@ -626,11 +626,13 @@ class Session:
         reply = await client._call(client._stub.Cancel, request, idempotent=if_id != 0)
         return reply.cancelled_response_id or None
 
-    async def shutdown(self) -> int | None:
+    async def shutdown(self, *, source: Source = Source.CLIENT) -> int | None:
         """Tears the session down (idempotent): nothing starts on it
-        afterwards. Returns the cancelled id."""
+        afterwards. Returns the cancelled id. ``source`` is recorded as who
+        cancelled the live response."""
+        wire_source = source_to_wire(_validate_source(source))
         client = self.client
-        request = pb.ShutdownRequest(session_id=self.id)
+        request = pb.ShutdownRequest(session_id=self.id, source=wire_source)
         reply = await client._call(client._stub.Shutdown, request, idempotent=True)
         return reply.cancelled_response_id or None
 

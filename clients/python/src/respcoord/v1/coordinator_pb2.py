@@ -24,21 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erespcoord/v1/coordinator.proto\x12\x0crespcoord.v1\"\xd8\x01\n\x0cSessionState\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x05phase\x18\x02 \x01(\x0e\x32\x13.respcoord.v1.Phase\x12\x1a\n\x12\x61\x63tive_response_id\x18\x03 \x01(\x04\x12+\n\ractive_source\x18\x04 \x01(\x0e\x32\x14.respcoord.v1.Source\x12\x10\n\x08revision\x18\x05 \x01(\x04\x12\x19\n\x11responses_started\x18\x06 \x01(\x04\x12\x1a\n\x12\x63hanged_unix_nanos\x18\x07 \x01(\x03\"\\\n\x0cStartRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x06source\x18\x02 \x01(\x0e\x32\x14.respcoord.v1.Source\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\x81\x01\n\rStartResponse\x12\x13\n\x0bresponse_id\x18\x01 \x01(\x04\x12\x1e\n\x16superseded_response_id\x18\x02 \x01(\x04\x12)\n\x05state\x18\x03 \x01(\x0b\x32\x1a.respcoord.v1.SessionState\x12\x10\n\x08replayed\x18\x04 \x01(\x08\"f\n\rFinishRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bresponse_id\x18\x02 \x01(\x04\x12,\n\x06status\x18\x03 \x01(\x0e\x32\x1c.respcoord.v1.TerminalStatus\"L\n\x0e\x46inishResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.respcoord.v1.SessionState\"a\n\rCancelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x06source\x18\x02 \x01(\x0e\x32\x14.respcoord.v1.Source\x12\x16\n\x0eif_response_id\x18\x03 \x01(\x04\"Z\n\x0e\x43\x61ncelResponse\x12\x1d\n\x15\x63\x61ncelled_response_id\x18\x01 \x01(\x04\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.respcoord.v1.SessionState\"%\n\x0fShutdownRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\\\n\x10ShutdownResponse\x12\x1d\n\x15\x63\x61ncelled_response_id\x18\x01 \x01(\x04\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.respcoord.v1.SessionState\"%\n\x0fGetStateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"=\n\x10GetStateResponse\x12)\n\x05state\x18\x01 \x01(\x0b\x32\x1a.respcoord.v1.SessionState\"<\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"j\n\x14ListSessionsResponse\x12,\n\x08sessions\x18\x01 \x03(\x0b\x32\x1a.respcoord.v1.SessionState\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"x\n\x0cWatchRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1b\n\x0e\x61\x66ter_revision\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\tafter_seq\x18\x03 \x01(\x04H\x01\x88\x01\x01\x42\x11\n\x0f_after_revisionB\x0c\n\n_after_seq\"S\n\rWatchResponse\x12,\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1c.respcoord.v1.LifecycleEvent\x12\x14\n\x0cprogress_seq\x18\x02 \x01(\x04\"\xb9\x02\n\x0eLifecycleEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x12\n\nunix_nanos\x18\x04 \x01(\x03\x12\x30\n\x07started\x18\n \x01(\x0b\x32\x1d.respcoord.v1.ResponseStartedH\x00\x12\x41\n\x10\x63\x61ncel_requested\x18\x0b \x01(\x0b\x32%.respcoord.v1.ResponseCancelRequestedH\x00\x12,\n\x05\x65nded\x18\x0c \x01(\x0b\x32\x1b.respcoord.v1.ResponseEndedH\x00\x12\x35\n\nterminated\x18\r \x01(\x0b\x32\x1f.respcoord.v1.SessionTerminatedH\x00\x42\x06\n\x04kind\"L\n\x0fResponseStarted\x12\x13\n\x0bresponse_id\x18\x01 \x01(\x04\x12$\n\x06source\x18\x02 \x01(\x0e\x32\x14.respcoord.v1.Source\"\x80\x01\n\x17ResponseCancelRequested\x12\x13\n\x0bresponse_id\x18\x01 \x01(\x04\x12*\n\x06reason\x18\x02 \x01(\x0e\x32\x1a.respcoord.v1.CancelReason\x12$\n\x06source\x18\x03 \x01(\x0e\x32\x14.respcoord.v1.Source\"~\n\rResponseEnded\x12\x13\n\x0bresponse_id\x18\x01 \x01(\x04\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.respcoord.v1.TerminalStatus\x12*\n\x06reason\x18\x03 \x01(\x0e\x32\x1a.respcoord.v1.CancelReason\"?\n\x11SessionTerminated\x12*\n\x06reason\x18\x01 \x01(\x0e\x32\x1a.respcoord.v1.CancelReason*C\n\x06Source\x12\x16\n\x12SOURCE_UNSPECIFIED\x10\x00\x12\x11\n\rSOURCE_CLIENT\x10\x01\x12\x0e\n\nSOURCE_VAD\x10\x02*V\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x0e\n\nPHASE_IDLE\x10\x01\x12\x10\n\x0cPHASE_ACTIVE\x10\x02\x12\x14\n\x10PHASE_TERMINATED\x10\x03*\x8b\x01\n\x0eTerminalStatus\x12\x1f\n\x1bTERMINAL_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19TERMINAL_STATUS_COMPLETED\x10\x01\x12\x1d\n\x19TERMINAL_STATUS_CANCELLED\x10\x02\x12\x1a\n\x16TERMINAL_STATUS_FAILED\x10\x03*\x9f\x01\n\x0c\x43\x61ncelReason\x12\x1d\n\x19\x43\x41NCEL_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43\x41NCEL_REASON_SUPERSEDED\x10\x01\x12\x1b\n\x17\x43\x41NCEL_REASON_REQUESTED\x10\x02\x12\x1a\n\x16\x43\x41NCEL_REASON_SHUTDOWN\x10\x03\x12\x19\n\x15\x43\x41NCEL_REASON_EXPIRED\x10\x04\x32\x92\x04\n\x13ResponseCoordinator\x12@\n\x05Start\x12\x1a.respcoord.v1.StartRequest\x1a\x1b.respcoord.v1.StartResponse\x12\x43\n\x06\x46inish\x12\x1b.respcoord.v1.FinishRequest\x1a\x1c.respcoord.v1.FinishResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.respcoord.v1.CancelRequest\x1a\x1c.respcoord.v1.CancelResponse\x12I\n\x08Shutdown\x12\x1d.respcoord.v1.ShutdownRequest\x1a\x1e.respcoord.v1.ShutdownResponse\x12I\n\x08GetState\x12\x1d.respcoord.v1.GetStateRequest\x1a\x1e.respcoord.v1.GetStateResponse\x12U\n\x0cListSessions\x12!.respcoord.v1.ListSessionsRequest\x1a\".respcoord.v1.ListSessionsResponse\x12\x42\n\x05Watch\x12\x1a.respcoord.v1.WatchRequest\x1a\x1b.respcoord.v1.WatchResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erespcoord/v1/coordinator.proto\x12\x0crespcoord.v1\"\xd8\x01\n\x0cSessionState\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x05phase\x18\x02 \x01(\x0e\x32\x13.respcoord.v1.Phase\x12\x1a\n\x12\x61\x63tive_response_id\x18\x03 \x01(\x04\x12+\n\ractive_source\x18\x04 \x01(\x0e\x32\x14.respcoord.v1.Source\x12\x10\n\x08revision\x18\x05 \x01(\x04\x12\x19\n\x11responses_started\x18\x06 \x01(\x04\x12\x1a\n\x12\x63hanged_unix_nanos\x18\x07 \x01(\x03\"\\\n\x0cStartRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x06source\x18\x02 \x01(\x0e\x32\x14.respcoord.v1.Source\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\x81\x01\n\rStartResponse\x12\x13\n\x0bresponse_id\x18\x01 \x01(\x04\x12\x1e\n\x16superseded_response_id\x18\x02 \x01(\x04\x12)\n\x05state\x18\x03 \x01(\x0b\x32\x1a.respcoord.v1.SessionState\x12\x10\n\x08replayed\x18\x04 \x01(\x08\"f\n\rFinishRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bresponse_id\x18\x02 \x01(\x04\x12,\n\x06status\x18\x03 \x01(\x0e\x32\x1c.respcoord.v1.TerminalStatus\"L\n\x0e\x46inishResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.respcoord.v1.SessionState\"a\n\rCancelRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x06source\x18\x02 \x01(\x0e\x32\x14.respcoord.v1.Source\x12\x16\n\x0eif_response_id\x18\x03 \x01(\x04\"Z\n\x0e\x43\x61ncelResponse\x12\x1d\n\x15\x63\x61ncelled_response_id\x18\x01 \x01(\x04\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.respcoord.v1.SessionState\"K\n\x0fShutdownRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x06source\x18\x02 \x01(\x0e\x32\x14.respcoord.v1.Source\"\\\n\x10ShutdownResponse\x12\x1d\n\x15\x63\x61ncelled_response_id\x18\x01 \x01(\x04\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.respcoord.v1.SessionState\"%\n\x0fGetStateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"=\n\x10GetStateResponse\x12)\n\x05state\x18\x01 \x01(\x0b\x32\x1a.respcoord.v1.SessionState\"<\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"j\n\x14ListSessionsResponse\x12,\n\x08sessions\x18\x01 \x03(\x0b\x32\x1a.respcoord.v1.SessionState\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x04\"x\n\x0cWatchRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1b\n\x0e\x61\x66ter_revision\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\tafter_seq\x18\x03 \x01(\x04H\x01\x88\x01\x01\x42\x11\n\x0f_after_revisionB\x0c\n\n_after_seq\"S\n\rWatchResponse\x12,\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1c.respcoord.v1.LifecycleEvent\x12\x14\n\x0cprogress_seq\x18\x02 \x01(\x04\"\xb9\x02\n\x0eLifecycleEvent\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x12\n\nunix_nanos\x18\x04 \x01(\x03\x12\x30\n\x07started\x18\n \x01(\x0b\x32\x1d.respcoord.v1.ResponseStartedH\x00\x12\x41\n\x10\x63\x61ncel_requested\x18\x0b \x01(\x0b\x32%.respcoord.v1.ResponseCancelRequestedH\x00\x12,\n\x05\x65nded\x18\x0c \x01(\x0b\x32\x1b.respcoord.v1.ResponseEndedH\x00\x12\x35\n\nterminated\x18\r \x01(\x0b\x32\x1f.respcoord.v1.SessionTerminatedH\x00\x42\x06\n\x04kind\"L\n\x0fResponseStarted\x12\x13\n\x0bresponse_id\x18\x01 \x01(\x04\x12$\n\x06source\x18\x02 \x01(\x0e\x32\x14.respcoord.v1.Source\"\x80\x01\n\x17ResponseCancelRequested\x12\x13\n\x0bresponse_id\x18\x01 \x01(\x04\x12*\n\x06reason\x18\x02 \x01(\x0e\x32\x1a.respcoord.v1.CancelReason\x12$\n\x06source\x18\x03 \x01(\x0e\x32\x14.respcoord.v1.Source\"~\n\rResponseEnded\x12\x13\n\x0bresponse_id\x18\x01 \x01(\x04\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.respcoord.v1.TerminalStatus\x12*\n\x06reason\x18\x03 \x01(\x0e\x32\x1a.respcoord.v1.CancelReason\"?\n\x11SessionTerminated\x12*\n\x06reason\x18\x01 \x01(\x0e\x32\x1a.respcoord.v1.CancelReason*C\n\x06Source\x12\x16\n\x12SOURCE_UNSPECIFIED\x10\x00\x12\x11\n\rSOURCE_CLIENT\x10\x01\x12\x0e\n\nSOURCE_VAD\x10\x02*V\n\x05Phase\x12\x15\n\x11PHASE_UNSPECIFIED\x10\x00\x12\x0e\n\nPHASE_IDLE\x10\x01\x12\x10\n\x0cPHASE_ACTIVE\x10\x02\x12\x14\n\x10PHASE_TERMINATED\x10\x03*\x8b\x01\n\x0eTerminalStatus\x12\x1f\n\x1bTERMINAL_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19TERMINAL_STATUS_COMPLETED\x10\x01\x12\x1d\n\x19TERMINAL_STATUS_CANCELLED\x10\x02\x12\x1a\n\x16TERMINAL_STATUS_FAILED\x10\x03*\x9f\x01\n\x0c\x43\x61ncelReason\x12\x1d\n\x19\x43\x41NCEL_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43\x41NCEL_REASON_SUPERSEDED\x10\x01\x12\x1b\n\x17\x43\x41NCEL_REASON_REQUESTED\x10\x02\x12\x1a\n\x16\x43\x41NCEL_REASON_SHUTDOWN\x10\x03\x12\x19\n\x15\x43\x41NCEL_REASON_EXPIRED\x10\x04\x32\x92\x04\n\x13ResponseCoordinator\x12@\n\x05Start\x12\x1a.respcoord.v1.StartRequest\x1a\x1b.respcoord.v1.StartResponse\x12\x43\n\x06\x46inish\x12\x1b.respcoord.v1.FinishRequest\x1a\x1c.respcoord.v1.FinishResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.respcoord.v1.CancelRequest\x1a\x1c.respcoord.v1.CancelResponse\x12I\n\x08Shutdown\x12\x1d.respcoord.v1.ShutdownRequest\x1a\x1e.respcoord.v1.ShutdownResponse\x12I\n\x08GetState\x12\x1d.respcoord.v1.GetStateRequest\x1a\x1e.respcoord.v1.GetStateResponse\x12U\n\x0cListSessions\x12!.respcoord.v1.ListSessionsRequest\x1a\".respcoord.v1.ListSessionsResponse\x12\x42\n\x05Watch\x12\x1a.respcoord.v1.WatchRequest\x1a\x1b.respcoord.v1.WatchResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'respcoord.v1.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SOURCE']._serialized_start=2196
-  _globals['_SOURCE']._serialized_end=2263
-  _globals['_PHASE']._serialized_start=2265
-  _globals['_PHASE']._serialized_end=2351
-  _globals['_TERMINALSTATUS']._serialized_start=2354
-  _globals['_TERMINALSTATUS']._serialized_end=2493
-  _globals['_CANCELREASON']._serialized_start=2496
-  _globals['_CANCELREASON']._serialized_end=2655
+  _globals['_SOURCE']._serialized_start=2234
+  _globals['_SOURCE']._serialized_end=2301
+  _globals['_PHASE']._serialized_start=2303
+  _globals['_PHASE']._serialized_end=2389
+  _globals['_TERMINALSTATUS']._serialized_start=2392
+  _globals['_TERMINALSTATUS']._serialized_end=2531
+  _globals['_CANCELREASON']._serialized_start=2534
+  _globals['_CANCELREASON']._serialized_end=2693
   _globals['_SESSIONSTATE']._serialized_start=49
   _globals['_SESSIONSTATE']._serialized_end=265
   _globals['_STARTREQUEST']._serialized_start=267
@@ -54,31 +54,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELRESPONSE']._serialized_start=774
   _globals['_CANCELRESPONSE']._serialized_end=864
   _globals['_SHUTDOWNREQUEST']._serialized_start=866
-  _globals['_SHUTDOWNREQUEST']._serialized_end=903
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=905
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=997
-  _globals['_GETSTATEREQUEST']._serialized_start=999
-  _globals['_GETSTATEREQUEST']._serialized_end=1036
-  _globals['_GETSTATERESPONSE']._serialized_start=1038
-  _globals['_GETSTATERESPONSE']._serialized_end=1099
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=1101
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=1161
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1163
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1269
-  _globals['_WATCHREQUEST']._serialized_start=1271
-  _globals['_WATCHREQUEST']._serialized_end=1391
-  _globals['_WATCHRESPONSE']._serialized_start=1393
-  _globals['_WATCHRESPONSE']._serialized_end=1476
-  _globals['_LIFECYCLEEVENT']._serialized_start=1479
-  _globals['_LIFECYCLEEVENT']._serialized_end=1792
-  _globals['_RESPONSESTARTED']._serialized_start=1794
-  _globals['_RESPONSESTARTED']._serialized_end=1870
-  _globals['_RESPONSECANCELREQUESTED']._serialized_start=1873
-  _globals['_RESPONSECANCELREQUESTED']._serialized_end=2001
-  _globals['_RESPONSEENDED']._serialized_start=2003
-  _globals['_RESPONSEENDED']._serialized_end=2129
-  _globals['_SESSIONTERMINATED']._serialized_start=2131
-  _globals['_SESSIONTERMINATED']._serialized_end=2194
-  _globals['_RESPONSECOORDINATOR']._serialized_start=2658
-  _globals['_RESPONSECOORDINATOR']._serialized_end=3188
+  _globals['_SHUTDOWNREQUEST']._serialized_end=941
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=943
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=1035
+  _globals['_GETSTATEREQUEST']._serialized_start=1037
+  _globals['_GETSTATEREQUEST']._serialized_end=1074
+  _globals['_GETSTATERESPONSE']._serialized_start=1076
+  _globals['_GETSTATERESPONSE']._serialized_end=1137
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=1139
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=1199
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1201
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1307
+  _globals['_WATCHREQUEST']._serialized_start=1309
+  _globals['_WATCHREQUEST']._serialized_end=1429
+  _globals['_WATCHRESPONSE']._serialized_start=1431
+  _globals['_WATCHRESPONSE']._serialized_end=1514
+  _globals['_LIFECYCLEEVENT']._serialized_start=1517
+  _globals['_LIFECYCLEEVENT']._serialized_end=1830
+  _globals['_RESPONSESTARTED']._serialized_start=1832
+  _globals['_RESPONSESTARTED']._serialized_end=1908
+  _globals['_RESPONSECANCELREQUESTED']._serialized_start=1911
+  _globals['_RESPONSECANCELREQUESTED']._serialized_end=2039
+  _globals['_RESPONSEENDED']._serialized_start=2041
+  _globals['_RESPONSEENDED']._serialized_end=2167
+  _globals['_SESSIONTERMINATED']._serialized_start=2169
+  _globals['_SESSIONTERMINATED']._serialized_end=2232
+  _globals['_RESPONSECOORDINATOR']._serialized_start=2696
+  _globals['_RESPONSECOORDINATOR']._serialized_end=3226
 # @@protoc_insertion_point(module_scope)

@@ -302,13 +302,19 @@ class ShutdownRequest(google.protobuf.message.Message):
     DESCRIPTOR: google.protobuf.descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: builtins.int
+    SOURCE_FIELD_NUMBER: builtins.int
     session_id: builtins.str
+    source: global___Source.ValueType
+    """Who asks for the teardown (0.2.0), for observability only: recorded
+    as the source of the live response's cancel_requested.
+    """
     def __init__(
         self,
         *,
         session_id: builtins.str = ...,
+        source: global___Source.ValueType = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["session_id", b"session_id"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["session_id", b"session_id", "source", b"source"]) -> None: ...
 
 global___ShutdownRequest = ShutdownRequest
 
@@ -532,9 +538,9 @@ class ResponseCancelRequested(google.protobuf.message.Message):
     reason: global___CancelReason.ValueType
     source: global___Source.ValueType
     """Who asked for the cancel, for observability: the Cancel's source
-    (REQUESTED), the superseding Start's source (SUPERSEDED). UNSPECIFIED
-    for SHUTDOWN (ShutdownRequest has no source) and EXPIRED (no caller),
-    and in events written before this field existed.
+    (REQUESTED), the superseding Start's (SUPERSEDED), the Shutdown's
+    (SHUTDOWN). UNSPECIFIED for EXPIRED (no caller), and in events written
+    before this field existed.
     """
     def __init__(
         self,

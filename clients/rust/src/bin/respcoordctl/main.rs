@@ -216,6 +216,10 @@ enum Command {
         /// The session id (an unknown one is created terminated, so a later
         /// Start is refused).
         session: String,
+        /// Who asks for the teardown: recorded on the `cancel_requested` of
+        /// the live response.
+        #[arg(long, value_enum, default_value_t = SourceArg::Client)]
+        source: SourceArg,
     },
 }
 
@@ -385,8 +389,8 @@ async fn run(cli: Cli) -> Result<Done, Failure> {
                 .await?;
             out.cancelled("cancel", reply.cancelled_response_id, reply.state.as_ref())?;
         }
-        Command::Shutdown { session } => {
-            let reply = client.shutdown_call(&session).await?;
+        Command::Shutdown { session, source } => {
+            let reply = client.shutdown_call(&session, source.into()).await?;
             out.cancelled(
                 "shutdown",
                 reply.cancelled_response_id,

@@ -144,6 +144,11 @@ export interface CancelResponse {
 
 export interface ShutdownRequest {
   sessionId: string;
+  /**
+   * Who asks for the teardown (0.2.0), for observability only: recorded
+   * as the source of the live response's cancel_requested.
+   */
+  source: Source;
 }
 
 export interface ShutdownResponse {
@@ -219,9 +224,9 @@ export interface ResponseCancelRequested {
   reason: CancelReason;
   /**
    * Who asked for the cancel, for observability: the Cancel's source
-   * (REQUESTED), the superseding Start's source (SUPERSEDED). UNSPECIFIED
-   * for SHUTDOWN (ShutdownRequest has no source) and EXPIRED (no caller),
-   * and in events written before this field existed.
+   * (REQUESTED), the superseding Start's (SUPERSEDED), the Shutdown's
+   * (SHUTDOWN). UNSPECIFIED for EXPIRED (no caller), and in events written
+   * before this field existed.
    */
   source: Source;
 }
@@ -885,13 +890,16 @@ export const CancelResponse: MessageFns<CancelResponse> = {
 };
 
 function createBaseShutdownRequest(): ShutdownRequest {
-  return { sessionId: "" };
+  return { sessionId: "", source: 0 };
 }
 
 export const ShutdownRequest: MessageFns<ShutdownRequest> = {
   encode(message: ShutdownRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.sessionId !== "") {
       writer.uint32(10).string(message.sessionId);
+    }
+    if (message.source !== 0) {
+      writer.uint32(16).int32(message.source);
     }
     return writer;
   },
@@ -917,6 +925,14 @@ export const ShutdownRequest: MessageFns<ShutdownRequest> = {
             message.sessionId = reader.string();
             continue;
           }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.source = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -935,6 +951,7 @@ export const ShutdownRequest: MessageFns<ShutdownRequest> = {
   fromPartial(object: DeepPartial<ShutdownRequest>): ShutdownRequest {
     const message = createBaseShutdownRequest();
     message.sessionId = object.sessionId ?? "";
+    message.source = object.source ?? 0;
     return message;
   },
 };
