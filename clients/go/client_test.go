@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	respcoord "github.com/respcoord/respcoord/clients/go"
+	pb "github.com/respcoord/respcoord/clients/go/respcoordv1"
 )
 
 // served is a client on a fresh respcoord binary.
@@ -206,4 +207,42 @@ func TestTheWatchPoolAddsAConnectionWhenEveryOneIsFull(t *testing.T) {
 		r.Release()
 	}
 	until(t, "the last release closes each watch", func() bool { return c.WatchStatus().Open == 0 })
+}
+
+func TestShutdownRecordsItsSourceOnTheCancel(t *testing.T) {
+	c := served(t)
+	s := session(t, c, "shutdown-source")
+	r := start(t, s, respcoord.SourceClient)
+	if _, err := s.ShutdownFrom(bg(), respcoord.Source(7)); !errors.Is(err, respcoord.ErrInvalidArgument) {
+		t.Fatalf("unknown source: %v", err)
+	}
+	cancelled, err := s.ShutdownFrom(bg(), respcoord.SourceVAD)
+	if err != nil || cancelled != r.ID() {
+		t.Fatalf("ShutdownFrom: %d, %v; want %d", cancelled, err, r.ID())
+	}
+	if reason := stopped(t, "the shutdown reaches the handle", r); reason != respcoord.StopShutdown {
+		t.Fatalf("%q", reason)
+	}
+	// The session's history, from its first event: started, cancel_requested (VAD), ended, terminated.
+	ctx, cancel := context.WithTimeout(bg(), patience)
+	defer cancel()
+	from := uint64(0)
+	stream, err := c.Raw().Watch(ctx, &pb.WatchRequest{SessionId: s.ID(), AfterRevision: &from})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("the history ended without cancel_requested: %v", err)
+		}
+		for _, e := range msg.GetEvents() {
+			if cr := e.GetCancelRequested(); cr != nil {
+				if cr.GetSource() != pb.Source_SOURCE_VAD || cr.GetReason() != pb.CancelReason_CANCEL_REASON_SHUTDOWN {
+					t.Fatalf("cancel_requested: %v", cr)
+				}
+				return
+			}
+		}
+	}
 }

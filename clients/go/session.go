@@ -187,10 +187,20 @@ func (s *Session) cancel(ctx context.Context, source Source, ifResponseID uint64
 
 // Shutdown tears the session down: its live response is cancelled and no
 // response starts on it afterwards (Start fails with ErrSessionTerminated).
-// Idempotent, so retried. Returns the cancelled response id, 0 if none.
+// Idempotent, so retried. Returns the cancelled response id, 0 if none. The
+// coordinator records SourceClient as who asked; ShutdownFrom names another.
 func (s *Session) Shutdown(ctx context.Context) (uint64, error) {
+	return s.ShutdownFrom(ctx, SourceClient)
+}
+
+// ShutdownFrom is Shutdown with the source recorded (for observability
+// only) on the live response's cancel_requested event, as a Cancel's is.
+func (s *Session) ShutdownFrom(ctx context.Context, source Source) (uint64, error) {
+	if !source.valid() {
+		return 0, invalidArgument("source", fmt.Sprintf("unknown source %d", source))
+	}
 	c := s.client
-	reply, err := call(ctx, c, c.raw.Shutdown, &pb.ShutdownRequest{SessionId: s.id}, true)
+	reply, err := call(ctx, c, c.raw.Shutdown, &pb.ShutdownRequest{SessionId: s.id, Source: source.wire()}, true)
 	if err != nil {
 		return 0, err
 	}

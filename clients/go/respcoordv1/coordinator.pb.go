@@ -706,8 +706,11 @@ func (x *CancelResponse) GetState() *SessionState {
 }
 
 type ShutdownRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Who asks for the teardown (0.2.0), for observability only: recorded
+	// as the source of the live response's cancel_requested.
+	Source        Source `protobuf:"varint,2,opt,name=source,proto3,enum=respcoord.v1.Source" json:"source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -747,6 +750,13 @@ func (x *ShutdownRequest) GetSessionId() string {
 		return x.SessionId
 	}
 	return ""
+}
+
+func (x *ShutdownRequest) GetSource() Source {
+	if x != nil {
+		return x.Source
+	}
+	return Source_SOURCE_UNSPECIFIED
 }
 
 type ShutdownResponse struct {
@@ -1327,9 +1337,9 @@ type ResponseCancelRequested struct {
 	ResponseId uint64                 `protobuf:"varint,1,opt,name=response_id,json=responseId,proto3" json:"response_id,omitempty"`
 	Reason     CancelReason           `protobuf:"varint,2,opt,name=reason,proto3,enum=respcoord.v1.CancelReason" json:"reason,omitempty"`
 	// Who asked for the cancel, for observability: the Cancel's source
-	// (REQUESTED), the superseding Start's source (SUPERSEDED). UNSPECIFIED
-	// for SHUTDOWN (ShutdownRequest has no source) and EXPIRED (no caller),
-	// and in events written before this field existed.
+	// (REQUESTED), the superseding Start's (SUPERSEDED), the Shutdown's
+	// (SHUTDOWN). UNSPECIFIED for EXPIRED (no caller), and in events written
+	// before this field existed.
 	Source        Source `protobuf:"varint,3,opt,name=source,proto3,enum=respcoord.v1.Source" json:"source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1534,10 +1544,11 @@ const file_respcoord_v1_coordinator_proto_rawDesc = "" +
 	"\x0eif_response_id\x18\x03 \x01(\x04R\fifResponseId\"v\n" +
 	"\x0eCancelResponse\x122\n" +
 	"\x15cancelled_response_id\x18\x01 \x01(\x04R\x13cancelledResponseId\x120\n" +
-	"\x05state\x18\x02 \x01(\v2\x1a.respcoord.v1.SessionStateR\x05state\"0\n" +
+	"\x05state\x18\x02 \x01(\v2\x1a.respcoord.v1.SessionStateR\x05state\"^\n" +
 	"\x0fShutdownRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"x\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12,\n" +
+	"\x06source\x18\x02 \x01(\x0e2\x14.respcoord.v1.SourceR\x06source\"x\n" +
 	"\x10ShutdownResponse\x122\n" +
 	"\x15cancelled_response_id\x18\x01 \x01(\x04R\x13cancelledResponseId\x120\n" +
 	"\x05state\x18\x02 \x01(\v2\x1a.respcoord.v1.SessionStateR\x05state\"0\n" +
@@ -1676,39 +1687,40 @@ var file_respcoord_v1_coordinator_proto_depIdxs = []int32{
 	4,  // 5: respcoord.v1.FinishResponse.state:type_name -> respcoord.v1.SessionState
 	0,  // 6: respcoord.v1.CancelRequest.source:type_name -> respcoord.v1.Source
 	4,  // 7: respcoord.v1.CancelResponse.state:type_name -> respcoord.v1.SessionState
-	4,  // 8: respcoord.v1.ShutdownResponse.state:type_name -> respcoord.v1.SessionState
-	4,  // 9: respcoord.v1.GetStateResponse.state:type_name -> respcoord.v1.SessionState
-	4,  // 10: respcoord.v1.ListSessionsResponse.sessions:type_name -> respcoord.v1.SessionState
-	19, // 11: respcoord.v1.WatchResponse.events:type_name -> respcoord.v1.LifecycleEvent
-	20, // 12: respcoord.v1.LifecycleEvent.started:type_name -> respcoord.v1.ResponseStarted
-	21, // 13: respcoord.v1.LifecycleEvent.cancel_requested:type_name -> respcoord.v1.ResponseCancelRequested
-	22, // 14: respcoord.v1.LifecycleEvent.ended:type_name -> respcoord.v1.ResponseEnded
-	23, // 15: respcoord.v1.LifecycleEvent.terminated:type_name -> respcoord.v1.SessionTerminated
-	0,  // 16: respcoord.v1.ResponseStarted.source:type_name -> respcoord.v1.Source
-	3,  // 17: respcoord.v1.ResponseCancelRequested.reason:type_name -> respcoord.v1.CancelReason
-	0,  // 18: respcoord.v1.ResponseCancelRequested.source:type_name -> respcoord.v1.Source
-	2,  // 19: respcoord.v1.ResponseEnded.status:type_name -> respcoord.v1.TerminalStatus
-	3,  // 20: respcoord.v1.ResponseEnded.reason:type_name -> respcoord.v1.CancelReason
-	3,  // 21: respcoord.v1.SessionTerminated.reason:type_name -> respcoord.v1.CancelReason
-	5,  // 22: respcoord.v1.ResponseCoordinator.Start:input_type -> respcoord.v1.StartRequest
-	7,  // 23: respcoord.v1.ResponseCoordinator.Finish:input_type -> respcoord.v1.FinishRequest
-	9,  // 24: respcoord.v1.ResponseCoordinator.Cancel:input_type -> respcoord.v1.CancelRequest
-	11, // 25: respcoord.v1.ResponseCoordinator.Shutdown:input_type -> respcoord.v1.ShutdownRequest
-	13, // 26: respcoord.v1.ResponseCoordinator.GetState:input_type -> respcoord.v1.GetStateRequest
-	15, // 27: respcoord.v1.ResponseCoordinator.ListSessions:input_type -> respcoord.v1.ListSessionsRequest
-	17, // 28: respcoord.v1.ResponseCoordinator.Watch:input_type -> respcoord.v1.WatchRequest
-	6,  // 29: respcoord.v1.ResponseCoordinator.Start:output_type -> respcoord.v1.StartResponse
-	8,  // 30: respcoord.v1.ResponseCoordinator.Finish:output_type -> respcoord.v1.FinishResponse
-	10, // 31: respcoord.v1.ResponseCoordinator.Cancel:output_type -> respcoord.v1.CancelResponse
-	12, // 32: respcoord.v1.ResponseCoordinator.Shutdown:output_type -> respcoord.v1.ShutdownResponse
-	14, // 33: respcoord.v1.ResponseCoordinator.GetState:output_type -> respcoord.v1.GetStateResponse
-	16, // 34: respcoord.v1.ResponseCoordinator.ListSessions:output_type -> respcoord.v1.ListSessionsResponse
-	18, // 35: respcoord.v1.ResponseCoordinator.Watch:output_type -> respcoord.v1.WatchResponse
-	29, // [29:36] is the sub-list for method output_type
-	22, // [22:29] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	0,  // 8: respcoord.v1.ShutdownRequest.source:type_name -> respcoord.v1.Source
+	4,  // 9: respcoord.v1.ShutdownResponse.state:type_name -> respcoord.v1.SessionState
+	4,  // 10: respcoord.v1.GetStateResponse.state:type_name -> respcoord.v1.SessionState
+	4,  // 11: respcoord.v1.ListSessionsResponse.sessions:type_name -> respcoord.v1.SessionState
+	19, // 12: respcoord.v1.WatchResponse.events:type_name -> respcoord.v1.LifecycleEvent
+	20, // 13: respcoord.v1.LifecycleEvent.started:type_name -> respcoord.v1.ResponseStarted
+	21, // 14: respcoord.v1.LifecycleEvent.cancel_requested:type_name -> respcoord.v1.ResponseCancelRequested
+	22, // 15: respcoord.v1.LifecycleEvent.ended:type_name -> respcoord.v1.ResponseEnded
+	23, // 16: respcoord.v1.LifecycleEvent.terminated:type_name -> respcoord.v1.SessionTerminated
+	0,  // 17: respcoord.v1.ResponseStarted.source:type_name -> respcoord.v1.Source
+	3,  // 18: respcoord.v1.ResponseCancelRequested.reason:type_name -> respcoord.v1.CancelReason
+	0,  // 19: respcoord.v1.ResponseCancelRequested.source:type_name -> respcoord.v1.Source
+	2,  // 20: respcoord.v1.ResponseEnded.status:type_name -> respcoord.v1.TerminalStatus
+	3,  // 21: respcoord.v1.ResponseEnded.reason:type_name -> respcoord.v1.CancelReason
+	3,  // 22: respcoord.v1.SessionTerminated.reason:type_name -> respcoord.v1.CancelReason
+	5,  // 23: respcoord.v1.ResponseCoordinator.Start:input_type -> respcoord.v1.StartRequest
+	7,  // 24: respcoord.v1.ResponseCoordinator.Finish:input_type -> respcoord.v1.FinishRequest
+	9,  // 25: respcoord.v1.ResponseCoordinator.Cancel:input_type -> respcoord.v1.CancelRequest
+	11, // 26: respcoord.v1.ResponseCoordinator.Shutdown:input_type -> respcoord.v1.ShutdownRequest
+	13, // 27: respcoord.v1.ResponseCoordinator.GetState:input_type -> respcoord.v1.GetStateRequest
+	15, // 28: respcoord.v1.ResponseCoordinator.ListSessions:input_type -> respcoord.v1.ListSessionsRequest
+	17, // 29: respcoord.v1.ResponseCoordinator.Watch:input_type -> respcoord.v1.WatchRequest
+	6,  // 30: respcoord.v1.ResponseCoordinator.Start:output_type -> respcoord.v1.StartResponse
+	8,  // 31: respcoord.v1.ResponseCoordinator.Finish:output_type -> respcoord.v1.FinishResponse
+	10, // 32: respcoord.v1.ResponseCoordinator.Cancel:output_type -> respcoord.v1.CancelResponse
+	12, // 33: respcoord.v1.ResponseCoordinator.Shutdown:output_type -> respcoord.v1.ShutdownResponse
+	14, // 34: respcoord.v1.ResponseCoordinator.GetState:output_type -> respcoord.v1.GetStateResponse
+	16, // 35: respcoord.v1.ResponseCoordinator.ListSessions:output_type -> respcoord.v1.ListSessionsResponse
+	18, // 36: respcoord.v1.ResponseCoordinator.Watch:output_type -> respcoord.v1.WatchResponse
+	30, // [30:37] is the sub-list for method output_type
+	23, // [23:30] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_respcoord_v1_coordinator_proto_init() }
