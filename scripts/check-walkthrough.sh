@@ -15,11 +15,12 @@
 #
 #   cargo build --locked --bin respcoord
 #   cargo build --locked -p respcoord-client --features cli --bin respcoordctl
-#   scripts/check-walkthrough.sh            # RESPCOORD_BIN_DIR=target/release to use other builds
+#   scripts/check-walkthrough.sh   # RESPCOORD_BIN_DIR=~/.cargo/bin (or any directory) for other builds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-bin_dir=$root/${RESPCOORD_BIN_DIR:-target/debug}
+bin_dir=${RESPCOORD_BIN_DIR:-target/debug}
+[[ $bin_dir = /* ]] || bin_dir=$root/$bin_dir
 for b in respcoord respcoordctl; do
   if [ ! -x "$bin_dir/$b" ]; then
     echo "check-walkthrough: $bin_dir/$b is missing; build it first:" >&2
