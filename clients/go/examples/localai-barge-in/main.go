@@ -85,24 +85,24 @@ type gateway struct {
 	coord *respcoord.Coordinator
 	frame time.Duration
 
-	mu       sync.Mutex
-	cancels  map[respcoord.ResponseID]context.CancelFunc
-	stopped  map[respcoord.ResponseID]int64 // unix nanos of CancelResponse
-	done     map[respcoord.ResponseID]respcoord.Status
-	played   map[respcoord.ResponseID][]int64 // unix nanos of each frame played
-	dropped  int
-	stopSeen chan respcoord.ResponseID
-	wg       sync.WaitGroup
+	mu      sync.Mutex
+	cancels map[respcoord.ResponseID]context.CancelFunc
+	stopped map[respcoord.ResponseID]int64 // unix nanos of CancelResponse
+	done    map[respcoord.ResponseID]respcoord.Status
+	played  map[respcoord.ResponseID][]int64 // unix nanos of each frame played
+	dropped int
+	ended   chan respcoord.ResponseID
+	wg      sync.WaitGroup
 }
 
 func newGateway(c *client.Client, session string, frame time.Duration) *gateway {
 	g := &gateway{
-		frame:    frame,
-		cancels:  map[respcoord.ResponseID]context.CancelFunc{},
-		stopped:  map[respcoord.ResponseID]int64{},
-		done:     map[respcoord.ResponseID]respcoord.Status{},
-		played:   map[respcoord.ResponseID][]int64{},
-		stopSeen: make(chan respcoord.ResponseID, 1024),
+		frame:   frame,
+		cancels: map[respcoord.ResponseID]context.CancelFunc{},
+		stopped: map[respcoord.ResponseID]int64{},
+		done:    map[respcoord.ResponseID]respcoord.Status{},
+		played:  map[respcoord.ResponseID][]int64{},
+		ended:   make(chan respcoord.ResponseID, 1024),
 	}
 	g.coord = respcoord.NewShared(c, session, g) // LocalAI: respcoord.New(g)
 	return g
@@ -128,10 +128,6 @@ func (g *gateway) Perform(e respcoord.Effect) {
 		if cancel != nil {
 			cancel()
 		}
-		select {
-		case g.stopSeen <- eff.ID:
-		default:
-		}
 	case respcoord.EmitTerminal:
 		g.mu.Lock()
 		g.done[eff.ID] = eff.Status
@@ -140,6 +136,12 @@ func (g *gateway) Perform(e respcoord.Effect) {
 		g.mu.Unlock()
 		if cancel != nil {
 			cancel() // release the body's context once response.done is out
+		}
+		// Told last: by now the response's CancelResponse (if any) and its
+		// terminal are both recorded.
+		select {
+		case g.ended <- eff.ID:
+		default:
 		}
 	}
 }
@@ -261,20 +263,20 @@ func runA(target, session string, rounds int, frame, speak time.Duration) error 
 		called, _ := strconv.ParseInt(f[0], 10, 64)
 		returned, _ := strconv.ParseInt(f[1], 10, 64)
 		select {
-		case got := <-a.stopSeen:
+		case got := <-a.ended:
 			if got != id {
-				return fmt.Errorf("round %d: A's sink cancelled %d", i, got)
+				return fmt.Errorf("round %d: A's sink ended response %d", i, got)
 			}
 		case <-time.After(5 * time.Second):
-			return fmt.Errorf("round %d: A's response not cancelled 5s after B's barge-in", i)
+			return fmt.Errorf("round %d: A's response not ended 5s after B's barge-in", i)
 		}
 		a.mu.Lock()
-		stoppedAt := a.stopped[id]
-		status, ended := a.done[id]
+		stoppedAt, cancelled := a.stopped[id]
+		status := a.done[id]
 		frames := a.played[id]
 		a.mu.Unlock()
-		if !ended || status != respcoord.StatusCancelled {
-			return fmt.Errorf("round %d: A's terminal %v (emitted: %v), want cancelled", i, status, ended)
+		if !cancelled || status != respcoord.StatusCancelled {
+			return fmt.Errorf("round %d: A's response ended %v (CancelResponse performed: %v), want cancelled", i, status, cancelled)
 		}
 		stopLatency = append(stopLatency, time.Duration(stoppedAt-called))
 		played += len(frames)
