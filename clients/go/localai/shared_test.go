@@ -457,3 +457,24 @@ func TestSharedCoordinatorRestart(t *testing.T) {
 		t.Fatalf("server ids %d then %d across the restart: not increasing", a, b)
 	}
 }
+
+// TestSharedClientClosed: the client closed under a coordinator can no longer
+// learn about stops, so this process's live response fails closed: it is
+// cancelled and terminated here.
+func TestSharedClientClosed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl, err := client.Connect(ctx, testServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, sink := newShared(t, cl, sessionName(t))
+	stepper{t, c, sink}.step(Start{ID: 1, Source: SourceClient}, StartResponse{ID: 1})
+	if err := cl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, sink, 1, CancelResponse{ID: 1}, EmitTerminal{ID: 1, Status: StatusCancelled})
+	if err := c.Apply(Start{ID: 2, Source: SourceClient}); err == nil {
+		t.Fatal("Start through a closed client succeeded")
+	}
+}
