@@ -474,7 +474,7 @@ func TestSharedClientClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, sink, 1, CancelResponse{ID: 1}, EmitTerminal{ID: 1, Status: StatusCancelled})
-	if err := c.Apply(Start{ID: 2, Source: SourceClient}); err == nil {
-		t.Fatal("Start through a closed client succeeded")
+	if err := c.Apply(Start{ID: 2, Source: SourceClient}); !errors.Is(err, client.ErrClosed) {
+		t.Fatalf("Start through a closed client = %v, want the client's ErrClosed", err)
 	}
 }
