@@ -502,3 +502,40 @@ void describe("shared scenarios", () => {
     });
   }
 });
+
+void describe("who asked for a cancel", () => {
+  void test("a Cancel's and a Shutdown's source are on their cancel_requested events", { timeout: 60_000 }, () =>
+    scoped(async (scope) => {
+      const server = await fixture(scope);
+      const client = await scope.client(server.addresses.grpc);
+      const session = client.session("who-asked");
+      const first = await session.start("client");
+      assert.equal(await session.cancel({ source: "vad" }), first.id);
+      const second = await session.start("vad");
+      assert.equal(await session.shutdown({ source: "client" }), second.id);
+      const raw = new pb.ResponseCoordinatorClient(
+        server.addresses.grpc.replace(/^https?:\/\//, ""),
+        credentials.createInsecure(),
+      );
+      scope.defer(() => {
+        raw.close();
+        return Promise.resolve();
+      });
+      const cancels: [bigint, pb.CancelReason, pb.Source][] = [];
+      // The session is torn down: its watch ends after `terminated`.
+      const stream = raw.watch({ sessionId: "who-asked", afterRevision: 0n, afterSeq: undefined });
+      for await (const reply of stream as AsyncIterable<pb.WatchResponse>) {
+        for (const event of reply.events) {
+          if (event.kind?.$case === "cancelRequested") {
+            const { responseId, reason, source } = event.kind.value;
+            cancels.push([responseId, reason, source]);
+          }
+        }
+      }
+      assert.deepEqual(cancels, [
+        [first.id, pb.CancelReason.CANCEL_REASON_REQUESTED, pb.Source.SOURCE_VAD],
+        [second.id, pb.CancelReason.CANCEL_REASON_SHUTDOWN, pb.Source.SOURCE_CLIENT],
+      ]);
+    }),
+  );
+});
