@@ -28,8 +28,9 @@
 //	target/debug/respcoord serve --listen 127.0.0.1:50151 &
 //	cd clients/go && go run ./examples/localai-barge-in -target 127.0.0.1:50151
 //
-// Process B is this program again, started by A with -role b; the two talk
-// over B's stdin and stdout.
+// It exits non-zero if any frame of a stopped response was played after its
+// stop. Process B is this program again, started by A with -role b; the two
+// talk over B's stdin and stdout.
 package main
 
 import (
@@ -311,6 +312,10 @@ func runA(target, session string, rounds int, frame, speak time.Duration) error 
 	fmt.Printf("stop (B calls Apply(Start)) to CancelResponse in A: %s\n", summary(stopLatency))
 	fmt.Printf("Apply(Start) round trip in A: %s\n", summary(at["Start"]))
 	fmt.Printf("in B: %s\n", strings.Join(bReport, " "))
+	if afterStop > 0 {
+		// The one number with a goal of its own: a smoke run in CI fails on it.
+		return fmt.Errorf("%d frames of stopped responses played after their stop", afterStop)
+	}
 	return nil
 }
 
