@@ -11,8 +11,11 @@ and A's speech handle is interrupted.
 
     python examples/livekit_two_processes.py 127.0.0.1:50051 [--rounds 100] [--json]
 
-needs a respcoord server at that address (``respcoord serve``) and
-``pip install "respcoord[livekit]"``. The agent sessions run without a room:
+needs a respcoord server at that address (``respcoord serve``; ``cargo
+install --locked --path .`` from the repository root puts ``respcoord`` on
+the PATH) and, from the repository root, ``pip install
+"./clients/python[livekit]"``: the client from this checkout (it is not on
+PyPI) with its livekit extra. The agent sessions run without a room:
 their audio output is a sink that plays nothing, no VAD, no turn detector,
 no STT/LLM/TTS (``session.say(text, audio=...)`` with silence every 5 ms):
 no network, no model download, no audio device. The report prints the frames

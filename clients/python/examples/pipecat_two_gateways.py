@@ -12,8 +12,11 @@ A's pipeline is interrupted the Pipecat way.
 
     python examples/pipecat_two_gateways.py 127.0.0.1:50051 [--rounds 10] [--json]
 
-needs a respcoord server at that address (``respcoord serve``) and
-``pip install "respcoord[pipecat]"``. The bots stand in for an LLM + TTS: no
+needs a respcoord server at that address (``respcoord serve``; ``cargo
+install --locked --path .`` from the repository root puts ``respcoord`` on
+the PATH) and, from the repository root, ``pip install
+"./clients/python[pipecat]"``: the client from this checkout (it is not on
+PyPI) with its pipecat extra. The bots stand in for an LLM + TTS: no
 model, no audio device. The report prints, per round, how A's response
 stopped and how long from B's action to A's gate observing the stop (both
 processes read the same monotonic clock), and overall the frames A's gate
