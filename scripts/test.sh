@@ -57,18 +57,26 @@ cargo test --locked --features fault-injection --test faults "$@" -- \
 RESPCOORD_TEST_CLUSTER_NATS_SERVER=$(./scripts/nats-server.sh "${NATS_LINES[0]}") \
   cargo test --locked --features fault-injection --test faults "$@" -- \
   "${mutations[@]}"
-# The other languages' clients against the real server and the scenario
-# fixture (clients/scenarios/): the binaries they spawn, then each suite.
+# The other languages' clients (TypeScript, Python, Go) against the real
+# server and the scenario fixture (clients/scenarios/): the binaries they spawn, then each suite.
 cargo build --locked --bin respcoord --example scenario_fixture
 # The Rust client as a gateway depends on it: by path from a throw-away
 # crate, running the quickstart (clients/rust/README.md).
 ./scripts/test-rust-install.sh
 ./scripts/test-typescript.sh
 ./scripts/test-python.sh
+# The Go client and the LocalAI drop-in (clients/go): the codegen check,
+# gofmt, go vet, staticcheck and go test -race against the real server and
+# fixture (the scenarios on NATS too), and the install test.
+./scripts/test-go.sh
 # The web view (--web-ui) in a real browser: Debian's chromium (installed
 # if missing) driven by playwright-core from tests/browser's lockfile; it
 # drives the server with respcoordctl and saves target/browser/timeline.png.
 cargo build --locked -p respcoord-client --features cli --bin respcoordctl
+# The README's 60-second walkthrough, as written, against a fresh server
+# (before the shuttle build below, which rebuilds target/debug/respcoord
+# with a test-only feature).
+./scripts/check-walkthrough.sh
 ./scripts/test-browser.sh
 # Shuttle's thread interleavings of the real registry: a build with the
 # test-only `shuttle` feature (src/sync.rs), which only this target may use.
