@@ -123,7 +123,7 @@ func (s *Session) Run(ctx context.Context, source Source, body func(ctx context.
 	bctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	r.l.tie(cancel)
-	bodyErr := runBody(r, bctx, body)
+	bodyErr := runBody(bctx, r, body)
 	result := RunResult{ResponseID: r.ID()}
 	if !r.IsCurrent() {
 		result.Kind, result.Reason = RunStopped, r.StopReason()
@@ -143,7 +143,7 @@ func (s *Session) Run(ctx context.Context, source Source, body func(ctx context.
 }
 
 // runBody calls body, releasing the response if it panics.
-func runBody(r *Response, ctx context.Context, body func(context.Context, Fence) error) (err error) {
+func runBody(ctx context.Context, r *Response, body func(context.Context, Fence) error) (err error) {
 	panicked := true
 	defer func() {
 		if panicked {
