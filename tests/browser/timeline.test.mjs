@@ -294,6 +294,12 @@ test('the session page and the sessions page follow a supersede and a cancel liv
     await eventually(async () => assert.equal(await list.getByTestId('session-count').getAttribute('data-count'), '0'));
     await filter.fill('gw-1/call');
     await eventually(async () => assert.deepEqual(await sessionRows(list), [{ id: session, phase: 'idle' }]));
+    // The reloaded snapshot says when each session last changed: a time,
+    // not "—" until the session changes again.
+    await eventually(async () => {
+      const changed = list.locator('[data-testid="session-row"] td:last-child');
+      assert.deepEqual(await changed.locator('time').count(), 1, `last change: ${await changed.allTextContents()}`);
+    });
 
     // From the list to the session page by its link: leaving the list ends
     // its feed (a watch-all on the server), then a completed and a live
