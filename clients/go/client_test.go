@@ -216,9 +216,9 @@ func TestShutdownRecordsItsSourceOnTheCancel(t *testing.T) {
 	if _, err := s.ShutdownFrom(bg(), respcoord.Source(7)); !errors.Is(err, respcoord.ErrInvalidArgument) {
 		t.Fatalf("unknown source: %v", err)
 	}
-	cancelled, err := s.ShutdownFrom(bg(), respcoord.SourceVAD)
-	if err != nil || cancelled != r.ID() {
-		t.Fatalf("ShutdownFrom: %d, %v; want %d", cancelled, err, r.ID())
+	shut, err := s.ShutdownFrom(bg(), respcoord.SourceVAD)
+	if err != nil || shut.CancelledID != r.ID() || shut.State.Phase != respcoord.PhaseTerminated {
+		t.Fatalf("ShutdownFrom: %+v, %v; want %d, terminated", shut, err, r.ID())
 	}
 	if reason := stopped(t, "the shutdown reaches the handle", r); reason != respcoord.StopShutdown {
 		t.Fatalf("%q", reason)
@@ -243,6 +243,149 @@ func TestShutdownRecordsItsSourceOnTheCancel(t *testing.T) {
 				}
 				return
 			}
+		}
+	}
+}
+
+func TestOnStopRunsOnceForEachKindOfStop(t *testing.T) {
+	server := startBinary(t, freePort(t))
+	a, b := connect(t, server.target()), connect(t, server.target())
+	sa, sb := session(t, a, "on-stop"), session(t, b, "on-stop")
+	type seen struct {
+		reason  respcoord.StopReason
+		current bool
+		done    bool
+	}
+	hook := func(r *respcoord.Response) <-chan seen {
+		ch := make(chan seen, 2)
+		r.OnStop(func(reason respcoord.StopReason) {
+			done := false
+			select {
+			case <-r.Done():
+				done = true
+			default:
+			}
+			ch <- seen{reason, r.IsCurrent(), done}
+		})
+		return ch
+	}
+	want := func(what string, ch <-chan seen, reason respcoord.StopReason) {
+		t.Helper()
+		got := within(t, what, ch, patience)
+		if got != (seen{reason, false, true}) {
+			t.Fatalf("%s: %+v; want %q with the fence closed and Done closed", what, got, reason)
+		}
+		select {
+		case again := <-ch:
+			t.Fatalf("%s: the hook ran again: %+v", what, again)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	// Stops decided elsewhere reach the hook from a's session watch.
+	first := start(t, sa, respcoord.SourceClient)
+	superseded := hook(first)
+	second := start(t, sb, respcoord.SourceVAD)
+	want("superseded by another client's Start", superseded, respcoord.StopSuperseded)
+	third := start(t, sa, respcoord.SourceClient)
+	cancelled := hook(third)
+	if res, err := sb.Cancel(bg(), respcoord.SourceClient); err != nil || res.CancelledID != third.ID() {
+		t.Fatalf("Cancel: %+v, %v", res, err)
+	}
+	want("cancelled by another client", cancelled, respcoord.StopCancelled)
+	if second.IsCurrent() {
+		t.Fatal("second is still current")
+	}
+
+	// Registered after the stop: at once, on a goroutine of its own.
+	want("registered after the stop", hook(first), respcoord.StopSuperseded)
+
+	// Finish runs it synchronously, before it returns; a stop hook kept
+	// from running by its stop function never runs.
+	fourth := start(t, sa, respcoord.SourceClient)
+	finished := hook(fourth)
+	unhooked := false
+	stop := fourth.OnStop(func(respcoord.StopReason) { unhooked = true })
+	if !stop() {
+		t.Fatal("stop of a registered hook did not keep it from running")
+	}
+	if res, err := fourth.Finish(bg(), respcoord.TerminalCompleted); err != nil || res.Outcome != respcoord.FinishApplied {
+		t.Fatalf("Finish: %+v, %v", res, err)
+	}
+	select {
+	case got := <-finished:
+		if got != (seen{respcoord.StopFinished, false, true}) {
+			t.Fatalf("Finish: %+v", got)
+		}
+	default:
+		t.Fatal("Finish returned before its stop hook ran")
+	}
+	if unhooked {
+		t.Fatal("an unregistered hook ran")
+	}
+
+	// Shutdown from elsewhere; Release of an already stopped response
+	// does not run it again.
+	fifth := start(t, sa, respcoord.SourceClient)
+	shut := hook(fifth)
+	if res, err := sb.Shutdown(bg()); err != nil || res.CancelledID != fifth.ID() || res.State.Phase != respcoord.PhaseTerminated {
+		t.Fatalf("Shutdown: %+v, %v", res, err)
+	}
+	want("shut down by another client", shut, respcoord.StopShutdown)
+	fifth.Release()
+
+	// A hook may call the client: here, Release of the response whose stop
+	// it reports and a Start on another session.
+	c := served(t)
+	s := session(t, c, "on-stop-reentrant")
+	r := start(t, s, respcoord.SourceClient)
+	restarted := make(chan *respcoord.Response, 1)
+	r.OnStop(func(respcoord.StopReason) {
+		r.Release()
+		next, err := session(t, c, "on-stop-reentrant-2").Start(bg(), respcoord.SourceClient)
+		if err != nil {
+			t.Error(err)
+		}
+		restarted <- next
+	})
+	if res, err := s.Cancel(bg(), respcoord.SourceClient); err != nil || res.CancelledID != r.ID() {
+		t.Fatalf("Cancel: %+v, %v", res, err)
+	}
+	if next := within(t, "the hook's Start", restarted, patience); next == nil || !next.IsCurrent() {
+		t.Fatal("the hook could not start a response")
+	}
+}
+
+func TestCancelAndShutdownReportTheSessionState(t *testing.T) {
+	c := served(t)
+	s := session(t, c, "cancel-state")
+	r := start(t, s, respcoord.SourceClient)
+	nothing, err := s.CancelIf(bg(), respcoord.SourceClient, r.ID()+1)
+	if err != nil || nothing.CancelledID != 0 || nothing.State.Phase != respcoord.PhaseActive || nothing.State.ResponseID != r.ID() {
+		t.Fatalf("CancelIf of another id: %+v, %v; want 0 with %d active", nothing, err, r.ID())
+	}
+	cancelled, err := s.CancelIf(bg(), respcoord.SourceClient, r.ID())
+	if err != nil || cancelled.CancelledID != r.ID() || cancelled.State.Phase != respcoord.PhaseIdle || cancelled.State.SessionID != s.ID() {
+		t.Fatalf("CancelIf: %+v, %v; want %d, idle", cancelled, err, r.ID())
+	}
+	idle, err := s.Cancel(bg(), respcoord.SourceClient)
+	if err != nil || idle.CancelledID != 0 || idle.State.Phase != respcoord.PhaseIdle || idle.State.Revision != cancelled.State.Revision {
+		t.Fatalf("Cancel with nothing live: %+v, %v", idle, err)
+	}
+	shut, err := s.Shutdown(bg())
+	if err != nil || shut.CancelledID != 0 || shut.State.Phase != respcoord.PhaseTerminated {
+		t.Fatalf("Shutdown: %+v, %v", shut, err)
+	}
+	// A terminated session answers a Cancel, a CancelIf and another
+	// Shutdown with nothing cancelled and its phase: no error says it.
+	for name, call := range map[string]func() (respcoord.CancelResult, error){
+		"Cancel":   func() (respcoord.CancelResult, error) { return s.Cancel(bg(), respcoord.SourceVAD) },
+		"CancelIf": func() (respcoord.CancelResult, error) { return s.CancelIf(bg(), respcoord.SourceVAD, r.ID()) },
+		"Shutdown": func() (respcoord.CancelResult, error) { return s.Shutdown(bg()) },
+	} {
+		res, err := call()
+		if err != nil || res.CancelledID != 0 || res.State.Phase != respcoord.PhaseTerminated {
+			t.Fatalf("%s on a terminated session: %+v, %v", name, res, err)
 		}
 	}
 }

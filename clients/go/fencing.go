@@ -30,7 +30,12 @@ package respcoord
 // id <= deadThrough and is stopped at once: no stop is missed.
 //
 // One mutex guards the table: its critical sections are short and never
-// block (a liveness's stop only closes a channel and cancels contexts).
+// block (a liveness's stop only closes a channel and cancels contexts). The
+// stop hooks (Response.OnStop) of the responses a critical section stopped
+// run right after it, on the same goroutine, once the mutex is released:
+// never under the table's lock or a liveness's, so a hook may call back
+// into the client, and a hook that waits for a lock of the caller's cannot
+// deadlock against that caller calling the client while holding it.
 
 import (
 	"context"
@@ -52,7 +57,30 @@ type liveness struct {
 	reason  StopReason
 	done    chan struct{}
 	cancels []context.CancelCauseFunc
+	hooks   []*stopHook
 	ctx     context.Context
+}
+
+// stopHook is one OnStop function. claimed makes it run at most once, and
+// lets its stop function tell whether it kept it from running.
+type stopHook struct {
+	fn      func(StopReason)
+	claimed atomic.Bool
+}
+
+// firing is the hooks a stop left to run, with its reason.
+type firing struct {
+	hooks  []*stopHook
+	reason StopReason
+}
+
+// run runs them in registration order on this goroutine.
+func (f firing) run() {
+	for _, h := range f.hooks {
+		if h.claimed.CompareAndSwap(false, true) {
+			h.fn(f.reason)
+		}
+	}
 }
 
 func newLiveness(id uint64) *liveness {
@@ -64,14 +92,24 @@ func newLiveness(id uint64) *liveness {
 	return l
 }
 
-// stop stops it; true if this call did. Every context tied to it is
-// cancelled here, synchronously, with a *StoppedError as the cause: the
-// moment a watch applies the stop, the body's context is done.
+// stop stops it, then runs its stop hooks on this goroutine; true if this
+// call stopped it. The caller holds none of the client's locks (a hook may
+// call back into the client).
 func (l *liveness) stop(reason StopReason) bool {
+	f, stopped := l.halt(reason)
+	f.run()
+	return stopped
+}
+
+// halt stops it and leaves its stop hooks to the caller, to run once it
+// has let go of its locks; true if this call stopped it. Every context
+// tied to it is cancelled here, synchronously, with a *StoppedError as the
+// cause: the moment a watch applies the stop, the body's context is done.
+func (l *liveness) halt(reason StopReason) (firing, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.reason != "" {
-		return false
+		return firing{}, false
 	}
 	l.reason = reason
 	l.current.Store(false)
@@ -81,7 +119,35 @@ func (l *liveness) stop(reason StopReason) bool {
 		cancel(cause)
 	}
 	l.cancels = nil
-	return true
+	f := firing{hooks: l.hooks, reason: reason}
+	l.hooks = nil
+	return f, true
+}
+
+// onStop registers fn to run once, when it stops; at once on a goroutine
+// of its own if it already has. The returned function unregisters it: true
+// if that kept fn from running.
+func (l *liveness) onStop(fn func(StopReason)) (stop func() bool) {
+	h := &stopHook{fn: fn}
+	stop = func() bool {
+		if !h.claimed.CompareAndSwap(false, true) {
+			return false
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if i := slices.Index(l.hooks, h); i >= 0 {
+			l.hooks = slices.Delete(l.hooks, i, i+1)
+		}
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.reason != "" {
+		go firing{hooks: []*stopHook{h}, reason: l.reason}.run()
+		return stop
+	}
+	l.hooks = append(l.hooks, h)
+	return stop
 }
 
 // tie cancels cancel (with the stop's cause) when it stops, at once if it
@@ -139,6 +205,27 @@ type tracks struct {
 	m       map[string]*track
 	tickets uint64
 	closed  bool
+	// pending: the stop hooks of the responses stopped under mu, run by
+	// unlock once mu is released, on the same goroutine.
+	pending []firing
+}
+
+// unlock releases mu, then runs the stop hooks of the responses stopped
+// while it was held. Every method that can stop a response unlocks with it.
+func (t *tracks) unlock() {
+	pending := t.pending
+	t.pending = nil
+	t.mu.Unlock()
+	for _, f := range pending {
+		f.run()
+	}
+}
+
+// haltLocked stops l, its stop hooks left to unlock. The caller holds mu.
+func (t *tracks) haltLocked(l *liveness, reason StopReason) {
+	if f, stopped := l.halt(reason); stopped && len(f.hooks) > 0 {
+		t.pending = append(t.pending, f)
+	}
 }
 
 func newTracks() *tracks { return &tracks{m: map[string]*track{}} }
@@ -194,16 +281,16 @@ func (t *tracks) releaseLocked(session string, tr *track) {
 // the session has none.
 func (t *tracks) register(session string, l *liveness, revision uint64, fresh bool) *watchOrder {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	tr := t.m[session]
 	if tr == nil {
-		l.stop(StopReleased)
+		t.haltLocked(l, StopReleased)
 		return nil
 	}
 	if t.closed {
-		l.stop(StopReleased)
+		t.haltLocked(l, StopReleased)
 	} else if l.id <= tr.deadThrough {
-		l.stop(tr.reason)
+		t.haltLocked(l, tr.reason)
 	}
 	if !l.current.Load() {
 		t.releaseLocked(session, tr)
@@ -228,7 +315,7 @@ func (t *tracks) register(session string, l *liveness, revision uint64, fresh bo
 // drops its reference; the session's last one closes its watch.
 func (t *tracks) unregister(session string, l *liveness) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	tr := t.m[session]
 	if tr == nil {
 		return
@@ -249,7 +336,7 @@ func (t *tracks) stopWhereLocked(session string, tr *track, reason StopReason, w
 			continue
 		}
 		if reason != "" {
-			r.l.stop(reason)
+			t.haltLocked(r.l, reason)
 			highest = max(highest, r.l.id)
 		}
 		removed++
@@ -280,7 +367,7 @@ func (t *tracks) raiseLocked(session string, tr *track, through uint64, reason S
 // apply applies one WatchResponse's events.
 func (t *tracks) apply(events []*pb.LifecycleEvent) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	for _, e := range events {
 		session := e.GetSessionId()
 		tr := t.m[session]
@@ -315,7 +402,7 @@ func (t *tracks) ticket() uint64 {
 // applyState applies a state read of session sent at ticket.
 func (t *tracks) applyState(session string, s SessionState, ticket uint64) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	tr := t.m[session]
 	if tr == nil {
 		return
@@ -339,7 +426,7 @@ func (t *tracks) applyState(session string, s SessionState, ticket uint64) {
 // recreated): the responses it covered belong to a session that is gone.
 func (t *tracks) applyGone(session string, ticket uint64) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	if tr := t.m[session]; tr != nil {
 		t.stopWhereLocked(session, tr, StopGone, func(r registered) bool { return r.ticket <= ticket })
 	}
@@ -350,7 +437,7 @@ func (t *tracks) applyGone(session string, ticket uint64) {
 // Later registrations are released at once.
 func (t *tracks) releaseAll() {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	t.closed = true
 	for _, session := range slices.Collect(maps.Keys(t.m)) {
 		if tr := t.m[session]; tr != nil {

@@ -5,7 +5,12 @@ package respcoord
 // asks for.
 
 import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	pb "github.com/respcoord/respcoord/clients/go/respcoordv1"
 )
@@ -221,5 +226,142 @@ func TestTieCancelsAtOnceWhenAlreadyStopped(t *testing.T) {
 	}
 	if l.stop(StopSuperseded) || l.stopReason() != StopCancelled {
 		t.Fatal("a second stop changed the reason")
+	}
+}
+
+func TestAStopHookRunsOnceOnTheStoppingGoroutineAfterTheTableUnlocks(t *testing.T) {
+	tr := newTracks()
+	a, _ := startOn(tr, "s", 3, 3, true)
+	var order []string
+	for _, name := range []string{"first", "second"} {
+		a.onStop(func(reason StopReason) {
+			// The table's lock is free (ticket takes it), the stop already
+			// applied: fence closed, Done closed, context cancelled, the
+			// response out of the table (its last one: the track is gone).
+			tr.ticket()
+			wantStopped(t, a, StopSuperseded)
+			order = append(order, fmt.Sprintf("%s %s %d", name, reason, tr.size()))
+		})
+	}
+	tr.apply([]*pb.LifecycleEvent{started("s", 4, 4)})
+	// No wait: it ran within apply, on this goroutine.
+	if want := []string{"first superseded 0", "second superseded 0"}; !slices.Equal(order, want) {
+		t.Fatalf("hooks ran %q; want %q", order, want)
+	}
+	tr.apply([]*pb.LifecycleEvent{cancelRequested("s", 5, 3, pb.CancelReason_CANCEL_REASON_REQUESTED)})
+	a.stop(StopReleased)
+	if len(order) != 2 {
+		t.Fatalf("hooks ran again: %q", order)
+	}
+}
+
+func TestAStopHookRegisteredAfterTheStopRunsAtOnceOnAGoroutineOfItsOwn(t *testing.T) {
+	l := newLiveness(5)
+	l.stop(StopCancelled)
+	var mu sync.Mutex
+	ran := make(chan StopReason, 1)
+	mu.Lock()
+	// fn takes a lock the caller holds: it must not run on the caller's goroutine.
+	stop := l.onStop(func(reason StopReason) {
+		mu.Lock()
+		defer mu.Unlock()
+		ran <- reason
+	})
+	mu.Unlock()
+	select {
+	case reason := <-ran:
+		if reason != StopCancelled {
+			t.Fatalf("ran with %q", reason)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the hook never ran")
+	}
+	if stop() {
+		t.Fatal("stop after the hook ran said it kept it from running")
+	}
+}
+
+func TestStoppingAStopHookKeepsItFromRunning(t *testing.T) {
+	l := newLiveness(5)
+	ran := 0
+	stop := l.onStop(func(StopReason) { ran++ })
+	kept := l.onStop(func(StopReason) { ran += 10 })
+	if !stop() {
+		t.Fatal("stop before the stop did not keep the hook from running")
+	}
+	if stop() {
+		t.Fatal("a second stop said it kept the hook from running")
+	}
+	l.stop(StopFinished)
+	if ran != 10 {
+		t.Fatalf("ran %d; want only the hook still registered", ran)
+	}
+	if kept() {
+		t.Fatal("stop after the hook ran said it kept it from running")
+	}
+}
+
+// A hook that waits for a lock whose holder calls the table (as the LocalAI
+// drop-in's hook waits for the coordinator's lock, held by an Apply that
+// releases a response) does not deadlock: it runs after the table unlocks.
+func TestAStopHookWaitingForALockDoesNotHoldTheTable(t *testing.T) {
+	tr := newTracks()
+	a, _ := startOn(tr, "s", 3, 3, true)
+	b, _ := startOn(tr, "t", 1, 1, true)
+	var mu sync.Mutex
+	entered := make(chan struct{})
+	a.onStop(func(StopReason) {
+		close(entered)
+		mu.Lock()
+		defer mu.Unlock()
+	})
+	mu.Lock()
+	applied := make(chan struct{})
+	go func() {
+		defer close(applied)
+		tr.apply([]*pb.LifecycleEvent{started("s", 4, 4)})
+	}()
+	<-entered
+	// The hook waits for mu; this goroutine, holding mu, uses the table.
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		tr.unregister("t", b)
+		tr.releaseAll()
+	}()
+	select {
+	case <-released:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the table is held while a stop hook waits")
+	}
+	mu.Unlock()
+	<-applied
+}
+
+func TestStopHooksUnderConcurrentStopsAndUnregistersRunAtMostOnce(t *testing.T) {
+	for range 200 {
+		l := newLiveness(1)
+		var ran atomic.Int32
+		stop := l.onStop(func(StopReason) { ran.Add(1) })
+		var wg sync.WaitGroup
+		var kept atomic.Bool
+		wg.Go(func() { l.stop(StopCancelled) })
+		wg.Go(func() { l.stop(StopReleased) })
+		wg.Go(func() { kept.Store(stop()) })
+		wg.Wait()
+		if n := ran.Load(); (kept.Load() && n != 0) || (!kept.Load() && n != 1) {
+			t.Fatalf("ran %d times, stop kept it: %v", n, kept.Load())
+		}
+	}
+}
+
+func TestReleaseAllRunsTheStopHooks(t *testing.T) {
+	tr := newTracks()
+	a, _ := startOn(tr, "s", 1, 1, true)
+	var got StopReason
+	a.onStop(func(reason StopReason) { got = reason })
+	tr.releaseAll()
+	if got != StopReleased {
+		t.Fatalf("hook got %q", got)
 	}
 }

@@ -155,56 +155,60 @@ func runBody(ctx context.Context, r *Response, body func(context.Context, Fence)
 	return err
 }
 
-// Cancel cancels the session's live response, whichever it is, and returns
-// its id (0 if nothing was live). It is sent once, never retried: a blind
-// retry could cancel a response started in between. Use CancelIf to cancel
-// a response you know.
-func (s *Session) Cancel(ctx context.Context, source Source) (uint64, error) {
+// Cancel cancels the session's live response, whichever it is. The
+// result's CancelledID is its id (0 if nothing was live), its State the
+// session's state in the reply (PhaseTerminated if the session was shut
+// down or expired). It is sent once, never retried: a blind retry could
+// cancel a response started in between. Use CancelIf to cancel a response
+// you know.
+func (s *Session) Cancel(ctx context.Context, source Source) (CancelResult, error) {
 	return s.cancel(ctx, source, 0)
 }
 
 // CancelIf cancels responseID only if it is still the session's live
-// response, and returns the cancelled id: responseID, or 0 if it was not
-// live. Being conditional, it is retried under the client's policy.
-func (s *Session) CancelIf(ctx context.Context, source Source, responseID uint64) (uint64, error) {
+// response. The result's CancelledID is responseID, or 0 if it was not
+// live; its State is the session's state in the reply. Being conditional,
+// it is retried under the client's policy.
+func (s *Session) CancelIf(ctx context.Context, source Source, responseID uint64) (CancelResult, error) {
 	if responseID == 0 {
-		return 0, invalidArgument("if_response_id", "must not be 0 (use Cancel to cancel whatever is live)")
+		return CancelResult{}, invalidArgument("if_response_id", "must not be 0 (use Cancel to cancel whatever is live)")
 	}
 	return s.cancel(ctx, source, responseID)
 }
 
-func (s *Session) cancel(ctx context.Context, source Source, ifResponseID uint64) (uint64, error) {
+func (s *Session) cancel(ctx context.Context, source Source, ifResponseID uint64) (CancelResult, error) {
 	if !source.valid() {
-		return 0, invalidArgument("source", fmt.Sprintf("unknown source %d", source))
+		return CancelResult{}, invalidArgument("source", fmt.Sprintf("unknown source %d", source))
 	}
 	c := s.client
 	reply, err := call(ctx, c, c.raw.Cancel, &pb.CancelRequest{SessionId: s.id, Source: source.wire(), IfResponseId: ifResponseID}, ifResponseID != 0)
 	if err != nil {
-		return 0, err
+		return CancelResult{}, err
 	}
-	return reply.GetCancelledResponseId(), nil
+	return CancelResult{CancelledID: reply.GetCancelledResponseId(), State: stateFromWire(reply.GetState())}, nil
 }
 
 // Shutdown tears the session down: its live response is cancelled and no
 // response starts on it afterwards (Start fails with ErrSessionTerminated).
-// Idempotent, so retried. Returns the cancelled response id, 0 if none. The
+// Idempotent, so retried. The result's CancelledID is the response it
+// cancelled, 0 if none; its State the session's (PhaseTerminated). The
 // coordinator records SourceClient as who asked; ShutdownFrom names another.
-func (s *Session) Shutdown(ctx context.Context) (uint64, error) {
+func (s *Session) Shutdown(ctx context.Context) (CancelResult, error) {
 	return s.ShutdownFrom(ctx, SourceClient)
 }
 
 // ShutdownFrom is Shutdown with the source recorded (for observability
 // only) on the live response's cancel_requested event, as a Cancel's is.
-func (s *Session) ShutdownFrom(ctx context.Context, source Source) (uint64, error) {
+func (s *Session) ShutdownFrom(ctx context.Context, source Source) (CancelResult, error) {
 	if !source.valid() {
-		return 0, invalidArgument("source", fmt.Sprintf("unknown source %d", source))
+		return CancelResult{}, invalidArgument("source", fmt.Sprintf("unknown source %d", source))
 	}
 	c := s.client
 	reply, err := call(ctx, c, c.raw.Shutdown, &pb.ShutdownRequest{SessionId: s.id, Source: source.wire()}, true)
 	if err != nil {
-		return 0, err
+		return CancelResult{}, err
 	}
-	return reply.GetCancelledResponseId(), nil
+	return CancelResult{CancelledID: reply.GetCancelledResponseId(), State: stateFromWire(reply.GetState())}, nil
 }
 
 // State reads the session's state (GetState); ErrNotFound when it does not
@@ -259,6 +263,36 @@ func (r *Response) Context() context.Context { return r.l.ctx }
 // StopReason is why the response stopped, "" while it is current.
 func (r *Response) StopReason() StopReason { return r.l.stopReason() }
 
+// OnStop arranges for fn to be called with the stop's reason when the
+// response stops, for any reason, as context.AfterFunc does for a context:
+//
+//   - fn runs once at most. It runs on the goroutine that applies the stop,
+//     right after it (the fence closed, Done closed, Context cancelled): the
+//     session's watch, for a stop decided by the coordinator (superseded,
+//     cancelled, shut down, expired, gone); the caller of Finish (before
+//     the Finish is sent) or Release, for StopFinished and StopReleased;
+//     Client.Close, for the StopReleased of its live responses. No lock of
+//     the client is held then, so fn may call the client.
+//   - If the response has already stopped, fn runs at once on a goroutine
+//     of its own, never on the caller's: OnStop may be called with a lock
+//     held that fn takes.
+//   - Hooks of one response run in the order they were registered.
+//
+// fn must be quick and must not block: while it runs, the session's watch
+// delivers nothing more (every other live response of this client on the
+// session waits for it), and Finish or Release does not return. Waiting
+// briefly for a lock is fine as long as no holder of that lock waits for
+// the stop (Finish and Release of this response run fn on their own
+// goroutine: calling them with a lock fn takes is a deadlock; unregister
+// fn first).
+//
+// The returned stop unregisters fn: true if that kept fn from running,
+// false if fn has run or is running (stop does not wait for it) or was
+// already unregistered.
+func (r *Response) OnStop(fn func(StopReason)) (stop func() bool) {
+	return r.l.onStop(fn)
+}
+
 // Finish reports the response's own terminal (TerminalCompleted or
 // TerminalFailed), unless the coordinator already stopped it: then nothing is
 // sent (FinishNotSent, with the reason). The fence closes before the call,
@@ -272,11 +306,13 @@ func (r *Response) Finish(ctx context.Context, terminal Terminal) (FinishResult,
 	if !r.finished.CompareAndSwap(false, true) {
 		return FinishResult{}, fmt.Errorf("response %d: %w", r.ID(), ErrAlreadyFinished)
 	}
-	if !r.l.stop(StopFinished) {
+	f, stopped := r.l.halt(StopFinished)
+	if !stopped {
 		return FinishResult{Outcome: FinishNotSent, Reason: r.l.stopReason()}, nil
 	}
 	c := r.session.client
 	c.tracks.unregister(r.session.id, r.l)
+	f.run()
 	reply, err := call(ctx, c, c.raw.Finish, &pb.FinishRequest{SessionId: r.session.id, ResponseId: r.ID(), Status: pb.TerminalStatus(terminal)}, true)
 	if err != nil {
 		return FinishResult{}, err
@@ -291,16 +327,17 @@ func (r *Response) Finish(ctx context.Context, terminal Terminal) (FinishResult,
 // Cancel cancels this response if it is still the session's live one
 // (CancelIf); true if the coordinator cancelled it.
 func (r *Response) Cancel(ctx context.Context, source Source) (bool, error) {
-	cancelled, err := r.session.CancelIf(ctx, source, r.ID())
-	return cancelled == r.ID(), err
+	res, err := r.session.CancelIf(ctx, source, r.ID())
+	return res.CancelledID == r.ID(), err
 }
 
 // Release lets go of the handle without Finish: nothing is sent, the fence
 // fails closed (StopReleased) and the session's watch closes if this was its
 // last live response of this client. Idempotent.
 func (r *Response) Release() {
-	if r.l.stop(StopReleased) {
+	if f, stopped := r.l.halt(StopReleased); stopped {
 		r.session.client.tracks.unregister(r.session.id, r.l)
+		f.run()
 	}
 }
 

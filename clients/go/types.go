@@ -192,6 +192,18 @@ type FinishResult struct {
 	Reason StopReason
 }
 
+// CancelResult is what a Cancel, CancelIf or Shutdown did.
+type CancelResult struct {
+	// CancelledID is the response it cancelled, 0 if none: nothing was
+	// live, CancelIf's response was not the live one, or the session was
+	// already terminated.
+	CancelledID uint64
+	// State is the session's state in the reply: PhaseTerminated after a
+	// Shutdown, and after a Cancel or CancelIf on a session already shut
+	// down or expired (which cancels nothing and is not an error).
+	State SessionState
+}
+
 // RunKind is how Session.Run ended.
 type RunKind int
 

@@ -3,6 +3,7 @@ package respcoord
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	client "github.com/respcoord/respcoord/clients/go"
@@ -67,22 +68,48 @@ func BenchmarkRawGetState(b *testing.B) {
 
 // instantSession answers at once, in memory: BenchmarkAdapterOnly measures
 // what the drop-in itself costs an Apply (the turn, the deadline, the effect
-// lock, the stop goroutine), without a server or a network in it.
-type instantSession struct{ next uint64 }
+// lock, the stop hook), without a server or a network in it.
+type instantSession struct {
+	mu   sync.Mutex
+	next uint64
+	last *instantResponse
+}
 
 type instantResponse struct {
-	n    uint64
-	done chan struct{}
-	mu   sync.Mutex
-	why  stopKind
+	n     uint64
+	done  chan struct{}
+	mu    sync.Mutex
+	why   stopKind
+	hooks []*instantHook
+}
+
+type instantHook struct {
+	fn      func(stopKind)
+	claimed atomic.Bool
+}
+
+func (h *instantHook) run(why stopKind) {
+	if h.claimed.CompareAndSwap(false, true) {
+		h.fn(why)
+	}
 }
 
 func (s *instantSession) start(context.Context, Source) (remoteResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.next++
-	return &instantResponse{n: s.next, done: make(chan struct{})}, nil
+	s.last = &instantResponse{n: s.next, done: make(chan struct{})}
+	return s.last, nil
 }
-func (s *instantSession) cancel(context.Context, Source) error { return nil }
-func (s *instantSession) shutdown(context.Context) error       { return nil }
+
+// latest is the response the last start returned, nil before the first.
+func (s *instantSession) latest() *instantResponse {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
+}
+func (s *instantSession) cancel(context.Context, Source) (bool, error) { return false, nil }
+func (s *instantSession) shutdown(context.Context) error               { return nil }
 
 func (r *instantResponse) id() uint64               { return r.n }
 func (r *instantResponse) stopped() <-chan struct{} { return r.done }
@@ -93,13 +120,32 @@ func (r *instantResponse) reason() stopKind {
 }
 func (r *instantResponse) stop(why stopKind) {
 	r.mu.Lock()
+	select {
+	case <-r.done:
+		r.mu.Unlock()
+		return
+	default:
+	}
+	r.why = why
+	close(r.done)
+	hooks := r.hooks
+	r.hooks = nil
+	r.mu.Unlock()
+	for _, h := range hooks {
+		h.run(why)
+	}
+}
+func (r *instantResponse) onStop(fn func(stopKind)) func() bool {
+	h := &instantHook{fn: fn}
+	r.mu.Lock()
 	defer r.mu.Unlock()
 	select {
 	case <-r.done:
+		go h.run(r.why)
 	default:
-		r.why = why
-		close(r.done)
+		r.hooks = append(r.hooks, h)
 	}
+	return func() bool { return h.claimed.CompareAndSwap(false, true) }
 }
 func (r *instantResponse) finish(context.Context) (bool, error) {
 	r.stop(stopFinished)
@@ -126,7 +172,6 @@ func BenchmarkAdapterOnly(b *testing.B) {
 		session: "bench",
 		remote:  &instantSession{},
 		timeout: DefaultTimeout,
-		closing: make(chan struct{}),
 		ids:     map[ResponseID]uint64{},
 	}
 	defer c.Close()

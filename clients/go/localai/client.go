@@ -40,7 +40,6 @@ func NewShared(c *client.Client, sessionID string, sink EffectSink, opts ...Opti
 	s := &shared{
 		session: sessionID,
 		timeout: DefaultTimeout,
-		closing: make(chan struct{}),
 		ids:     map[ResponseID]uint64{},
 	}
 	for _, opt := range opts {
@@ -83,14 +82,14 @@ func (cs *clientSession) start(ctx context.Context, src Source) (remoteResponse,
 	return &clientResponse{r: r}, nil
 }
 
-func (cs *clientSession) cancel(ctx context.Context, src Source) error {
-	_, err := cs.session.Cancel(ctx, wireSource(src))
+func (cs *clientSession) cancel(ctx context.Context, src Source) (bool, error) {
+	res, err := cs.session.Cancel(ctx, wireSource(src))
 	if errors.Is(err, client.ErrNotFound) {
 		// The session does not exist (never started, or forgotten after
 		// its end): nothing is live, which is what Cancel wants.
-		return nil
+		return false, nil
 	}
-	return err
+	return res.State.Phase == client.PhaseTerminated, err
 }
 
 func (cs *clientSession) shutdown(ctx context.Context) error {
@@ -116,8 +115,15 @@ func (cr *clientResponse) id() uint64               { return cr.r.ID() }
 func (cr *clientResponse) stopped() <-chan struct{} { return cr.r.Done() }
 func (cr *clientResponse) release()                 { cr.r.Release() }
 
-func (cr *clientResponse) reason() stopKind {
-	switch cr.r.StopReason() {
+func (cr *clientResponse) reason() stopKind { return kindOf(cr.r.StopReason()) }
+
+func (cr *clientResponse) onStop(fn func(stopKind)) func() bool {
+	return cr.r.OnStop(func(reason client.StopReason) { fn(kindOf(reason)) })
+}
+
+// kindOf is what a stop's reason says about the session.
+func kindOf(reason client.StopReason) stopKind {
+	switch reason {
 	case client.StopSuperseded:
 		return stopOther
 	case client.StopCancelled:

@@ -46,7 +46,8 @@ type Coordinator struct {
 
 	// mu guards the fields below, and every sink.Perform runs with it held:
 	// that is what keeps effects one at a time and in order when they come
-	// both from Apply and from the goroutines that deliver remote stops.
+	// both from Apply and from the stop hooks that deliver remote stops (on
+	// the client's watch goroutines). Under mu nothing waits for a watch.
 	mu    sync.Mutex
 	state State // New: the machine's state
 

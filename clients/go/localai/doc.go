@@ -25,12 +25,14 @@
 //     CancelResponse(old), EmitTerminal(old, cancelled), StartResponse(new),
 //     in that order with nothing between them, before Apply returns. (When
 //     the supersede reached this process's watch before the Start's reply, the
-//     first two are performed by the goroutine that delivers stops, still
-//     before Apply returns and before StartResponse.)
+//     first two may be performed by the stop hook on the client's watch
+//     goroutine, still before Apply returns and before StartResponse.)
 //   - A stop decided elsewhere (another process's Start, a Cancel from any
 //     process, a Shutdown, idle expiry on the server) reaches the sink as
 //     CancelResponse then EmitTerminal(cancelled) for this process's
-//     response, from the session watch the client keeps for it.
+//     response, performed by the response's stop hook (the client's
+//     Response.OnStop) on the goroutine of the session watch the client
+//     keeps for it, with no goroutine in between.
 //   - Exactly one EmitTerminal per StartResponse; no StartResponse after
 //     Terminated. A Start whose response another process superseded or
 //     cancelled before this process handled the server's reply performs
@@ -55,8 +57,8 @@
 // State is answered from what this process knows, with no call: Active{ID}
 // while this process runs the live response (until the stop reaches its
 // watch), Terminated once this process has seen the session end (its own
-// Shutdown, its response stopped by a Shutdown or expiry, or a Start refused
-// because the session is over). Active{ID: 0} means the last thing this
+// Shutdown, its response stopped by a Shutdown or expiry, a Start refused
+// because the session is over, or a Cancel whose reply says it is over). Active{ID: 0} means the last thing this
 // process learned is that another process's response is live (its own was
 // superseded by it); it is not told when that response ends, so Active{ID: 0}
 // may outlive it, and a response another process starts while this process

@@ -20,7 +20,7 @@ const (
 	// stopSessionOver: Shutdown or idle expiry: nothing starts here again.
 	stopSessionOver
 	// stopFinished: this process's own Finish closed it; Apply(Finished)
-	// performs the terminal, the stop goroutine does nothing.
+	// performs the terminal, the stop hook does nothing.
 	stopFinished
 	// stopLost: no longer live, or no longer fenceable, for a reason that
 	// says nothing certain about the session (found gone by a state read
@@ -37,9 +37,10 @@ type remoteSession interface {
 	// start starts a response; errSessionOver wraps the answer for a
 	// terminated session.
 	start(ctx context.Context, src Source) (remoteResponse, error)
-	// cancel cancels whatever is live, unconditionally. A session that does
+	// cancel cancels whatever is live, unconditionally; terminated: the
+	// reply says the session is shut down or expired. A session that does
 	// not exist has nothing live: that is not an error.
-	cancel(ctx context.Context, src Source) error
+	cancel(ctx context.Context, src Source) (terminated bool, err error)
 	// shutdown terminates the session; idempotent.
 	shutdown(ctx context.Context) error
 }
@@ -52,6 +53,12 @@ type remoteResponse interface {
 	// reason; reason then says why.
 	stopped() <-chan struct{}
 	reason() stopKind
+	// onStop registers fn to run once, with the reason, when it stops: on
+	// the goroutine that applies the stop (the session's watch, Finish,
+	// release, the client's Close), holding none of the client's locks; at
+	// once on a goroutine of its own if it already has. The returned stop
+	// unregisters fn.
+	onStop(fn func(stopKind)) (stop func() bool)
 	// finish reports COMPLETED. applied is false when the server had
 	// already stopped the response (or the client knew it had and sent
 	// nothing).
@@ -66,9 +73,7 @@ type shared struct {
 	remote    remoteSession
 	timeout   time.Duration
 	initErr   error // the client refused the session; every Apply returns it
-	closing   chan struct{}
 	closeOnce sync.Once
-	wg        sync.WaitGroup
 
 	// Guarded by Coordinator.mu.
 	own        *own // this process's live response, nil if none
@@ -89,6 +94,11 @@ type shared struct {
 type own struct {
 	local  ResponseID
 	remote remoteResponse
+	// unhook unregisters the stop hook; called, under Coordinator.mu,
+	// before the handle is released there (a release runs the handle's
+	// stop hooks on the releasing goroutine, and the hook takes
+	// Coordinator.mu).
+	unhook func() bool
 }
 
 // maxRememberedIDs bounds the ServerID table of one coordinator: a long
@@ -199,32 +209,33 @@ func (s *shared) applyStart(ctx context.Context, c *Coordinator, ev Start) error
 	default:
 	}
 	o := &own{local: ev.ID, remote: r}
+	// If r stopped since the select, the hook runs at once on a goroutine
+	// of its own, which waits for c.mu: after StartResponse.
+	o.unhook = r.onStop(func(kind stopKind) { s.onStop(c, o, kind) })
 	s.own = o
 	s.remember(ev.ID, r.id())
 	c.perform(StartResponse{ID: ev.ID})
-	s.wg.Add(1)
-	go s.watchStop(c, o)
 	return nil
 }
 
-// watchStop delivers a stop decided elsewhere: when the server stops o (any
+// onStop delivers a stop decided elsewhere: when the server stops o (any
 // other process's Start, a Cancel, a Shutdown, expiry), the sink gets
 // CancelResponse then EmitTerminal(cancelled), unless Apply already ended o.
-func (s *shared) watchStop(c *Coordinator, o *own) {
-	defer s.wg.Done()
-	select {
-	case <-o.remote.stopped():
-	case <-s.closing:
-		return
+// It is o's stop hook, so it runs on the goroutine that applied the stop,
+// the session's watch for a remote one, with no lock of the client held:
+// c.mu is taken there, and the effects performed under it, as from Apply.
+// No deadlock: whoever holds c.mu (Apply, Close) never waits for the watch
+// (under c.mu they only release handles, which takes the client's locks
+// briefly and never a lock held while a stop hook runs) and unregisters
+// the hook before releasing o.
+func (s *shared) onStop(c *Coordinator, o *own, kind stopKind) {
+	if kind == stopFinished {
+		return // our own Finish, run by Apply(Finished), which emits the terminal
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s.own != o {
-		return // ended by an Apply first
-	}
-	kind := o.remote.reason()
-	if kind == stopFinished {
-		return // our own Finish; Apply(Finished) emits the terminal
+		return // ended by an Apply first, or the coordinator closed
 	}
 	s.stopOwnLocked(c)
 	s.noteStopLocked(kind)
@@ -250,6 +261,7 @@ func (s *shared) applyFinished(ctx context.Context, c *Coordinator, ev Finished)
 		return nil // the stop reached this process first: cancelled terminal already emitted
 	}
 	s.own = nil
+	o.unhook()
 	o.remote.release()
 	if applied {
 		c.perform(EmitTerminal{ID: o.local, Status: StatusCompleted})
@@ -266,14 +278,21 @@ func (s *shared) applyFinished(ctx context.Context, c *Coordinator, ev Finished)
 // runs. After an unconditional Cancel the session has nothing live, so this
 // process's response, if it still has one, is over whichever response the
 // server cancelled.
+// If the reply says the session is terminated (shut down or expired
+// elsewhere), the coordinator is Terminated from then on, as after a Start
+// the server refuses for that reason.
 func (s *shared) applyCancel(ctx context.Context, c *Coordinator, ev Cancel) error {
-	if err := s.remote.cancel(ctx, ev.Source); err != nil {
+	terminated, err := s.remote.cancel(ctx, ev.Source)
+	if err != nil {
 		return fmt.Errorf("respcoord: %v on session %q: %w", ev, s.session, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s.stopOwnLocked(c)
 	s.othersLive = false
+	if terminated {
+		s.terminated = true
+	}
 	return nil
 }
 
@@ -303,6 +322,7 @@ func (s *shared) stopOwnLocked(c *Coordinator) {
 		return
 	}
 	s.own = nil
+	o.unhook()
 	o.remote.release()
 	c.perform(CancelResponse{ID: o.local}, EmitTerminal{ID: o.local, Status: StatusCancelled})
 }
@@ -348,12 +368,11 @@ func (c *Coordinator) ServerID(id ResponseID) (uint64, bool) {
 	return server, ok
 }
 
-// Close stops this coordinator's goroutines and releases what it holds in the
-// client, without telling the server anything: the session goes on for the
-// other processes. A response this process still runs gets no further
-// effects (call Apply(Cancel) or Apply(Shutdown) first to end it). Apply
-// returns ErrClosed afterwards. Close of a coordinator made by New does
-// nothing.
+// Close releases what this coordinator holds in the client, without telling
+// the server anything: the session goes on for the other processes. A
+// response this process still runs gets no further effects (call
+// Apply(Cancel) or Apply(Shutdown) first to end it). Apply returns ErrClosed
+// afterwards. Close of a coordinator made by New does nothing.
 func (c *Coordinator) Close() {
 	s := c.shared
 	if s == nil {
@@ -361,13 +380,12 @@ func (c *Coordinator) Close() {
 	}
 	s.closeOnce.Do(func() {
 		c.mu.Lock()
+		defer c.mu.Unlock()
 		s.closed = true
-		if s.own != nil {
-			s.own.remote.release()
+		if o := s.own; o != nil {
 			s.own = nil
+			o.unhook()
+			o.remote.release()
 		}
-		c.mu.Unlock()
-		close(s.closing)
-		s.wg.Wait()
 	})
 }

@@ -460,7 +460,7 @@ func TestSharedCoordinatorRestart(t *testing.T) {
 
 // TestSharedClientClosed: the client closed under a coordinator can no longer
 // learn about stops, so this process's live response fails closed: it is
-// cancelled and terminated here.
+// cancelled and terminated here, before the client's Close returns.
 func TestSharedClientClosed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -473,7 +473,10 @@ func TestSharedClientClosed(t *testing.T) {
 	if err := cl.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, sink, 1, CancelResponse{ID: 1}, EmitTerminal{ID: 1, Status: StatusCancelled})
+	// Within Close: the stop hook runs on the goroutine that releases it.
+	if got, want := sink.snapshot(), []Effect{StartResponse{ID: 1}, CancelResponse{ID: 1}, EmitTerminal{ID: 1, Status: StatusCancelled}}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after the client's Close: %v, want %v", got, want)
+	}
 	if err := c.Apply(Start{ID: 2, Source: SourceClient}); !errors.Is(err, client.ErrClosed) {
 		t.Fatalf("Start through a closed client = %v, want the client's ErrClosed", err)
 	}

@@ -157,11 +157,15 @@ func (e EmitTerminal) String() string {
 }
 
 // EffectSink performs effects. Perform is called with the coordinator's
-// effect lock held, from Apply or from the goroutine that delivers stops
-// decided elsewhere, so it must not block and must not call Apply or State on
-// the same coordinator (LocalAI's contract, unchanged; State takes the same
-// lock in both): spawn a goroutine, call a cancel func, or make a
-// non-blocking send. ServerID is safe to call from Perform.
+// effect lock held, from Apply or, for a stop decided elsewhere, from the
+// respcoord client's session watch goroutine (the response's stop hook), so
+// it must not block and must not call Apply or State on the same coordinator
+// (LocalAI's contract, unchanged; State takes the same lock in both), nor
+// close the respcoord client (Close delivers the stops of the responses it
+// releases on its own goroutine, which waits for that lock): spawn a
+// goroutine, call a cancel func, or make a non-blocking send. ServerID is
+// safe to call from Perform. A Perform that blocks also holds up the
+// session's watch in this process.
 //
 // It is a plain interface rather than LocalAI's alias of its generic
 // coordinator.Sink[Effect]; both have the single method Perform(Effect), so

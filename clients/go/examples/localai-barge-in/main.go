@@ -121,9 +121,11 @@ func (g *gateway) Perform(e respcoord.Effect) {
 		g.wg.Add(1)
 		go g.body(ctx, eff.ID)
 	case respcoord.CancelResponse:
-		now := time.Now().UnixNano()
 		g.mu.Lock()
-		g.stopped[eff.ID] = now // closes the gate: the speaker plays nothing more of eff.ID
+		// Read under the lock play takes, so the time is when the gate
+		// closed: read before it, a frame played while this waited for
+		// the lock would count as played after the stop.
+		g.stopped[eff.ID] = time.Now().UnixNano() // closes the gate: the speaker plays nothing more of eff.ID
 		cancel := g.cancels[eff.ID]
 		g.mu.Unlock()
 		if cancel != nil {
