@@ -56,9 +56,10 @@ pub struct SessionSnapshot {
     pub phase: Phase,
     pub revision: u64,
     pub responses_started: u64,
-    /// When the session last changed (the time of its event `revision`),
-    /// where the answer knows it: a listing, and a NATS replica's view;
-    /// `None` in the other answers.
+    /// When the session last changed (the time of its event `revision`):
+    /// filled in a listing only (`Session::listed`, the NATS mirror's
+    /// `Known::listed`), `None` in GetState and every reply, so that the
+    /// two always agree.
     pub changed_unix_nanos: Option<i64>,
 }
 

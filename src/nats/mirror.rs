@@ -66,13 +66,25 @@ impl Known {
         }
     }
 
+    /// The session as GetState and every reply report it: without the time
+    /// of its last change, which only a listing promises (a reply decided
+    /// from the bucket does not know it, and GetState must agree with it).
     pub(super) fn snapshot(&self, id: &SessionId) -> SessionSnapshot {
         SessionSnapshot {
             session_id: id.clone(),
             phase: self.phase,
             revision: self.revision,
             responses_started: self.responses_started,
+            changed_unix_nanos: None,
+        }
+    }
+
+    /// [`Known::snapshot`] with the time of the last change, for a listing
+    /// (as the memory backend's `Session::listed`).
+    pub(super) fn listed(&self, id: &SessionId) -> SessionSnapshot {
+        SessionSnapshot {
             changed_unix_nanos: self.changed_unix_nanos,
+            ..self.snapshot(id)
         }
     }
 }
@@ -273,7 +285,7 @@ impl Mirror {
                 more = true;
                 break;
             }
-            sessions.push(known.snapshot(id));
+            sessions.push(known.listed(id));
         }
         let next = more
             .then(|| {
