@@ -342,7 +342,9 @@ const LOWER: &[(&str, &str)] = &[
 #[cfg(feature = "serde")]
 mod json;
 #[cfg(feature = "serde")]
-pub use json::{id_text, EventJson, ResponseJson, SessionChangeJson, StateJson, TeardownJson};
+pub use json::{
+    id_text, optional_id_text, EventJson, ResponseJson, SessionChangeJson, StateJson, TeardownJson,
+};
 
 #[cfg(test)]
 mod tests;

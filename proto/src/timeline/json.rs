@@ -14,7 +14,8 @@ pub fn id_text<S: serde::Serializer>(id: &u64, serializer: S) -> Result<S::Ok, S
     serializer.collect_str(id)
 }
 
-fn optional_id_text<S: serde::Serializer>(
+/// [`id_text`] for an id that may be absent (`null` then).
+pub fn optional_id_text<S: serde::Serializer>(
     id: &Option<u64>,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {

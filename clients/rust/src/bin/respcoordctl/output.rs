@@ -7,7 +7,7 @@ use std::{
 };
 
 use respcoord_client::{pb, short_name};
-use respcoord_proto::timeline::{id_text, EventJson, StateJson};
+use respcoord_proto::timeline::{id_text, optional_id_text, EventJson, StateJson};
 use serde::Serialize;
 
 use crate::Output;
@@ -72,16 +72,6 @@ pub(crate) struct EventOut<'a> {
     pub(crate) status: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) reason: Option<&'static str>,
-}
-
-fn optional_id_text<S: serde::Serializer>(
-    id: &Option<u64>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    match id {
-        Some(id) => serializer.collect_str(id),
-        None => serializer.serialize_none(),
-    }
 }
 
 fn int_text<S: serde::Serializer>(value: &i64, serializer: S) -> Result<S::Ok, S::Error> {
