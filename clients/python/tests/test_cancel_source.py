@@ -5,12 +5,17 @@ backend the run selects."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import grpc
 from conftest import Servers
 
 import respcoord
 from respcoord.v1 import coordinator_pb2 as pb
 from respcoord.v1 import coordinator_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from respcoord.v1.coordinator_pb2_grpc import ResponseCoordinatorAsyncStub
 
 
 async def test_cancel_and_shutdown_send_their_source(servers: Servers) -> None:
@@ -23,7 +28,9 @@ async def test_cancel_and_shutdown_send_their_source(servers: Servers) -> None:
     assert await session.shutdown(source=respcoord.Source.CLIENT) == second.id
     cancels: list[tuple[int, int, int]] = []
     async with grpc.aio.insecure_channel(server.grpc) as channel:
-        stub = pb_grpc.ResponseCoordinatorStub(channel)
+        # The generated stub is typed for a synchronous channel; on an aio
+        # channel it is the async stub (as tests/harness.py casts it).
+        stub = cast("ResponseCoordinatorAsyncStub", pb_grpc.ResponseCoordinatorStub(channel))
         request = pb.WatchRequest(session_id="who-asked", after_revision=0)
         # The session is torn down: its watch ends after `terminated`.
         async for reply in stub.Watch(request):
