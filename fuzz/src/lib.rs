@@ -333,7 +333,10 @@ pub fn shutdown(data: &[u8]) {
         return;
     };
     let world = World::new(data.len() % 2 == 0);
-    let invalid = fields(&[("session_id", session_id_ok(&request.session_id))]);
+    let invalid = fields(&[
+        ("session_id", session_id_ok(&request.session_id)),
+        ("source", source_ok(request.source)),
+    ]);
     let id = request.session_id.clone();
     let result = world
         .runtime
@@ -492,10 +495,10 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
             if_response_id,
         })
     };
-    let shutdown = |session: &str| {
+    let shutdown = |session: &str, source: i32| {
         enc(pb::ShutdownRequest {
             session_id: session.into(),
-            source: pb::Source::Unspecified.into(),
+            source,
         })
     };
     let get_state = |session: &str| {
@@ -564,10 +567,10 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         (
             "shutdown",
             vec![
-                shutdown(ACTIVE),
-                shutdown(IDLE),
-                shutdown(TERMINATED),
-                shutdown("new-session"),
+                shutdown(ACTIVE, 2),
+                shutdown(IDLE, 1),
+                shutdown(TERMINATED, 0),
+                shutdown("new-session", 0),
             ],
         ),
         (
@@ -598,6 +601,16 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
 
 #[cfg(test)]
 mod tests {
+    /// The input the smoke run found once `ShutdownRequest.source` existed:
+    /// source 16, which the service refuses as INVALID_ARGUMENT naming
+    /// `source`, and which the target must expect.
+    #[test]
+    fn a_shutdown_with_an_out_of_range_source_is_refused_by_name() {
+        super::shutdown(&[
+            0x10, 0x10, 0x30, 0x23, 0x0a, 0x05, b'e', b'n', b'd', b'e', b'd',
+        ]);
+    }
+
     /// Every seed runs through its target cleanly (no fuzzer needed).
     #[test]
     fn seeds_pass_their_targets() {
