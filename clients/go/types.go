@@ -1,6 +1,8 @@
 package respcoord
 
 import (
+	"strconv"
+
 	pb "github.com/respcoord/respcoord/clients/go/respcoordv1"
 )
 
@@ -26,7 +28,7 @@ func (s Source) String() string {
 	case SourceUnspecified:
 		return "unspecified"
 	default:
-		return "Source(" + itoa(int64(s)) + ")"
+		return "Source(" + strconv.FormatInt(int64(s), 10) + ")"
 	}
 }
 
@@ -55,7 +57,7 @@ func (p Phase) String() string {
 	case PhaseTerminated:
 		return "terminated"
 	default:
-		return "Phase(" + itoa(int64(p)) + ")"
+		return "Phase(" + strconv.FormatInt(int64(p), 10) + ")"
 	}
 }
 
@@ -76,7 +78,7 @@ func (t Terminal) String() string {
 	case TerminalFailed:
 		return "failed"
 	default:
-		return "Terminal(" + itoa(int64(t)) + ")"
+		return "Terminal(" + strconv.FormatInt(int64(t), 10) + ")"
 	}
 }
 
@@ -179,7 +181,7 @@ func (f FinishOutcome) String() string {
 	case FinishNotSent:
 		return "not_sent"
 	default:
-		return "FinishOutcome(" + itoa(int64(f)) + ")"
+		return "FinishOutcome(" + strconv.FormatInt(int64(f), 10) + ")"
 	}
 }
 
@@ -228,7 +230,7 @@ func (k RunKind) String() string {
 	case RunStopped:
 		return "stopped"
 	default:
-		return "RunKind(" + itoa(int64(k)) + ")"
+		return "RunKind(" + strconv.FormatInt(int64(k), 10) + ")"
 	}
 }
 
@@ -245,27 +247,4 @@ type RunResult struct {
 	// whether it applied is unknown.
 	Finish    FinishResult
 	FinishErr error
-}
-
-// itoa avoids strconv in String methods of tiny enums.
-func itoa(v int64) string {
-	if v == 0 {
-		return "0"
-	}
-	neg := v < 0
-	if neg {
-		v = -v
-	}
-	var buf [20]byte
-	i := len(buf)
-	for v > 0 {
-		i--
-		buf[i] = byte('0' + v%10)
-		v /= 10
-	}
-	if neg {
-		i--
-		buf[i] = '-'
-	}
-	return string(buf[i:])
 }
