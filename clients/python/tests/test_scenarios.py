@@ -226,7 +226,9 @@ async def until(what: str, condition: Callable[[], bool]) -> None:
 @scenario
 async def watch_broken_and_resumed(_: Scenario, servers: Servers) -> None:
     server = await servers.fixture()
-    a = await servers.client(server.proxy)
+    # No linger: the last expect line is about the watch closing with its
+    # last response.
+    a = await servers.client(server.proxy, watch_linger=0.0)
     b = await servers.client(server.grpc)
     response = await a.session("broken-watch").start(respcoord.Source.CLIENT)
     await until("A's session watch is open", lambda: a.watch_status().opened == 1)
@@ -272,10 +274,16 @@ async def coordinator_restart_mid_run(_: Scenario, servers: Servers) -> None:
     )
 
 
+def open_and_opened(client: respcoord.Client) -> tuple[int, int]:
+    status = client.watch_status()
+    return status.open, status.opened
+
+
 @scenario
-async def session_watch_follows_live_responses(_: Scenario, servers: Servers) -> None:
+async def session_watch_follows_live_responses(spec: Scenario, servers: Servers) -> None:
+    linger = spec.number("linger_ms") / 1000
     server = await servers.fixture()
-    a = await servers.client(server.grpc)
+    a = await servers.client(server.grpc, watch_linger=linger)
     b = await servers.client(server.grpc)
     x, y = a.session("follow-x"), a.session("follow-y")
     status = a.watch_status()
@@ -286,18 +294,18 @@ async def session_watch_follows_live_responses(_: Scenario, servers: Servers) ->
     assert a.watch_status().open == 2
     await until("both watches are open", lambda: a.watch_status().opened == 2)
     assert await on_x.finish(respcoord.Terminal.COMPLETED) is respcoord.Finished.APPLIED
-    await until("X's watch closes after its Finish", lambda: a.watch_status().open == 1)
-    # Traffic on a session A has nothing live in reaches A not at all.
-    z = b.session("follow-z")
-    for _round in range(5):
-        await z.start(respcoord.Source.VAD)
-    assert a.watch_status().opened == 2, "no watch of Z, nor of everything"
     await b.session("follow-y").start(respcoord.Source.VAD)
     assert await within("Y's response is superseded", on_y.stopped()) is (
         respcoord.StopReason.SUPERSEDED
     )
-    await until("no watch once nothing is live", lambda: a.watch_status().open == 0)
-    assert a.watch_status().opened == 2
+    assert open_and_opened(a) == (2, 2), f"the watches linger: {a.watch_status()}"
+    # Traffic on a session A has nothing live in reaches A not at all.
+    z = b.session("follow-z")
+    for _round in range(5):
+        await z.start(respcoord.Source.VAD)
+    await asyncio.sleep(linger)
+    await until("no watch after the linger", lambda: a.watch_status().open == 0)
+    assert a.watch_status().opened == 2, "no watch of Z, nor of everything"
 
 
 @scenario
@@ -324,10 +332,99 @@ async def stop_between_start_reply_and_watch(_: Scenario, servers: Servers) -> N
 
 
 @scenario
+async def watch_lingers_across_responses(spec: Scenario, servers: Servers) -> None:
+    server = await servers.fixture()
+    a = await servers.client(server.grpc, watch_linger=spec.number("linger_ms") / 1000)
+    b = await servers.client(server.grpc)
+    session = a.session("linger")
+    first = await session.start(respcoord.Source.CLIENT)
+    assert await first.finish(respcoord.Terminal.COMPLETED) is respcoord.Finished.APPLIED
+    await until("the watch's stream is open", lambda: a.watch_status().opened == 1)
+    assert open_and_opened(a) == (1, 1), f"after the first Finish: {a.watch_status()}"
+    second = await session.start(respcoord.Source.CLIENT)
+    assert open_and_opened(a) == (1, 1), f"no new Watch call: {a.watch_status()}"
+    await b.session("linger").start(respcoord.Source.VAD)
+    assert await within("A's second response is superseded", second.stopped()) is (
+        respcoord.StopReason.SUPERSEDED
+    )
+    status = a.watch_status()
+    assert (status.opened, status.rereads) == (1, 0), f"one stream, no state read: {status}"
+
+
+@scenario
+async def open_watch_before_first_start(spec: Scenario, servers: Servers) -> None:
+    server = await servers.fixture()
+    a = await servers.client(server.grpc, watch_linger=spec.number("linger_ms") / 1000)
+    b = await servers.client(server.grpc)
+    session = a.session("ahead")
+    session.open_watch()
+    assert a.watch_status().open == 1, "right after open_watch"
+    await until("the stream is open", lambda: a.watch_status().opened == 1)
+    response = await session.start(respcoord.Source.CLIENT)
+    assert a.watch_status().opened == 1, "the Start needed no Watch call"
+    await b.session("ahead").start(respcoord.Source.VAD)
+    assert await within("A's response is superseded", response.stopped()) is (
+        respcoord.StopReason.SUPERSEDED
+    )
+
+
+async def opened_beyond(client: respcoord.Client, opened: int) -> None:
+    await until("the stream is open", lambda: client.watch_status().opened > opened)
+
+
+@scenario
+async def stop_right_after_start_reply(spec: Scenario, servers: Servers) -> None:
+    rounds = spec.number("rounds")
+    run = f"{os.getpid()}-{time.time_ns()}"
+    server = await servers.fixture()
+    a = await servers.client(server.grpc)
+    b = await servers.client(server.grpc)
+    millis: dict[bool, list[float]] = {True: [], False: []}
+    for round_ in range(rounds):
+        name = f"quick-{run}-{round_}"
+        session = a.session(name)
+        ahead = round_ % 2 == 0
+        if ahead:
+            # A gateway opens it when it begins serving the session, well
+            # before its first response: the stream is open by then.
+            opened = a.watch_status().opened
+            session.open_watch()
+            await opened_beyond(a, opened)
+        response = await session.start(respcoord.Source.CLIENT)
+        stop_seen: list[float] = []
+
+        def closed(_: respcoord.StopReason, seen: list[float] = stop_seen) -> None:
+            seen.append(time.perf_counter())
+
+        response.on_stop(closed)
+        began = time.perf_counter()
+        cancelled = await b.session(name).cancel(if_response_id=response.id)
+        assert cancelled == response.id, f"round {round_}: B cancelled A's response"
+        assert await within("A's response stops", response.stopped()) is (
+            respcoord.StopReason.CANCELLED
+        ), f"round {round_}"
+        assert stop_seen, f"round {round_}: the fence closed"
+        millis[ahead].append((stop_seen[0] - began) * 1000)
+
+    def summary(values: list[float]) -> str:
+        values.sort()
+        return (
+            f"p50 {percentile(values, 50):.2f} ms, p99 {percentile(values, 99):.2f} ms, "
+            f"max {values[-1]:.2f} ms"
+        )
+
+    print(
+        f"stop after start (python, {rounds} rounds, B's Cancel right after A's Start reply "
+        f"to A's fence turning false): watch opened ahead {summary(millis[True])}; "
+        f"not ahead {summary(millis[False])}"
+    )
+
+
+@scenario
 async def hundreds_of_sessions_on_one_client(spec: Scenario, servers: Servers) -> None:
     sessions = spec.number("sessions")
     server = await servers.fixture()
-    a = await servers.client(server.grpc)
+    a = await servers.client(server.grpc, watch_linger=spec.number("linger_ms") / 1000)
     b = await servers.client(server.grpc)
     responses = [
         await a.session(f"many-{i}").start(respcoord.Source.CLIENT) for i in range(sessions)
@@ -339,7 +436,7 @@ async def hundreds_of_sessions_on_one_client(spec: Scenario, servers: Servers) -
         assert await within("every response is superseded", response.stopped()) is (
             respcoord.StopReason.SUPERSEDED
         )
-    await until("no watch once nothing is live", lambda: a.watch_status().open == 0)
+    await until("no watch after the linger", lambda: a.watch_status().open == 0)
 
 
 def temporary_directory(servers: Servers, prefix: str) -> Path:
@@ -419,6 +516,11 @@ async def cancel_propagation_latency(spec: Scenario, servers: Servers) -> None:
     server = await servers.fixture()
     a = await servers.client(server.grpc)
     b = await servers.client(server.grpc)
+    # A serves these sessions: their watches open ahead, and stay open
+    # across the rounds (each lingers between its responses).
+    for i in range(sessions):
+        a.session(f"latency-{i}").open_watch()
+    await until("every watch's stream is open", lambda: a.watch_status().opened == sessions)
     millis: list[float] = []
     for round_ in range(rounds):
         session = f"latency-{round_ % sessions}"
@@ -444,6 +546,7 @@ async def cancel_propagation_latency(spec: Scenario, servers: Servers) -> None:
         assert stop_seen, f"round {round_}: A's fence is closed when its run returns"
         millis.append((stop_seen[0] - began) * 1000)
         assert isinstance(outcome, respcoord.Stopped), f"round {round_}: {outcome!r}"
+    assert a.watch_status().opened == sessions, f"every round reused a watch: {a.watch_status()}"
     millis.sort()
     print(
         f"cancel propagation (python, {rounds} rounds, B's call to A's fence turning false): "

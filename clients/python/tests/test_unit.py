@@ -19,7 +19,7 @@ from harness import free_port, within
 
 import respcoord
 from respcoord import _retry
-from respcoord._fencing import Liveness, Tracks, WatchOrder
+from respcoord._fencing import Idle, Liveness, Tracks, WatchOrder
 from respcoord._retry import RetryPolicy, backoff, with_retry
 from respcoord._watch import Watches
 from respcoord.v1 import coordinator_pb2 as pb
@@ -60,7 +60,7 @@ def fired(order: WatchOrder) -> bool:
 class TestFencingTable:
     """The cases of clients/rust/src/fencing.rs's tests."""
 
-    def test_the_first_response_opens_the_watch_from_its_start_and_the_last_closes_it(
+    def test_the_first_response_opens_the_watch_from_its_start_and_the_last_idles_it(
         self,
     ) -> None:
         tracks = Tracks()
@@ -73,16 +73,17 @@ class TestFencingTable:
         )
         second = Liveness(11)
         assert tracks.register(ref, second, 9, True) is None, "one watch a session"
-        tracks.unregister(ref, first)
+        assert tracks.unregister(ref, first) is None, "one response still live"
         assert not fired(order)
-        tracks.apply([event("s", 10, **started(12))])
+        notices = tracks.apply([event("s", 10, **started(12))])
         assert second.reason is respcoord.StopReason.SUPERSEDED
-        assert fired(order), "no live response left: the watch closes"
+        assert not fired(order), "no live response left: the watch lingers"
+        assert [n.session for n in notices] == ["s"]
+        tracks.linger_over(notices[0].session, notices[0].generation)
+        assert fired(order), "the linger is over: the watch closes"
         replayed = Liveness(20)
         order = order_of(tracks.register(ref, replayed, 30, False))
         assert (order.after_revision, order.expect_started) == (30, None)
-        ref.release()
-        assert order.stop.fired, "the track went with its last reference"
 
     def test_supersede_stops_the_old_response_and_not_the_new_one(self) -> None:
         tracks = Tracks()
@@ -159,9 +160,10 @@ class TestFencingTable:
         ref = tracks.track("s")
         lost = Liveness(5)
         order = order_of(tracks.register(ref, lost, 3, True))
-        tracks.apply_gone("s", tracks.ticket())
+        idle = tracks.apply_gone("s", tracks.ticket())
         assert lost.reason is respcoord.StopReason.GONE
-        assert order.stop.fired
+        assert idle is not None
+        assert not order.stop.fired, "the watch lingers, from the new session's first event"
         ended = Liveness(7)
         tracks.register(ref, ended, 1, True)
         tracks.apply_state(state("s", pb.PHASE_TERMINATED, 0, 2), tracks.ticket())
@@ -169,29 +171,34 @@ class TestFencingTable:
 
     def test_the_table_is_settled_before_a_stop_callback_runs(self) -> None:
         """A callback that releases the track (as a response's handle does
-        when it stops) finds the watch already closed and the rest of the
-        events still applied."""
+        when it stops) finds the response already removed and the rest of
+        the events still applied; the lingering watch keeps the track until
+        the linger is over."""
         tracks = Tracks()
         ref = tracks.track("s")
         response = Liveness(4)
         order = order_of(tracks.register(ref, response, 2, True))
-        seen: list[bool] = []
+        seen: list[Idle | None] = []
 
         def untrack(_: respcoord.StopReason) -> None:
-            seen.append(order.stop.fired)
-            tracks.unregister(ref, response)
+            seen.append(tracks.unregister(ref, response))
             ref.release()
 
         response.on_stop(untrack)
-        tracks.apply(
+        notices = tracks.apply(
             [
                 event("s", 3, **cancel_requested(4, pb.CANCEL_REASON_REQUESTED)),
                 event("s", 4, **started(5)),
             ]
         )
         assert response.reason is respcoord.StopReason.CANCELLED
-        assert seen == [True]
-        assert len(tracks) == 0
+        assert seen == [None], "already unregistered: no second notice"
+        assert len(notices) == 1
+        assert len(tracks) == 1, "kept by the lingering watch"
+        assert tracks.dead_through("s") == 4
+        tracks.linger_over("s", notices[0].generation)
+        assert order.stop.fired
+        assert len(tracks) == 0, "no handle, no watch: forgotten"
 
     def test_a_stop_callback_runs_once_in_the_stopping_step(self) -> None:
         liveness = Liveness(1)
@@ -207,6 +214,173 @@ class TestFencingTable:
         late: list[respcoord.StopReason] = []
         liveness.on_stop(late.append)
         assert late == [respcoord.StopReason.CANCELLED]
+
+
+def linger_over(tracks: Tracks, idle: Idle | None) -> None:
+    assert idle is not None, "an idle notice"
+    tracks.linger_over(idle.session, idle.generation)
+
+
+class TestLingeringWatches:
+    """The table's linger rules (issue 43): idle notices, generations, the
+    kept read, open ahead."""
+
+    def test_a_start_within_the_linger_reuses_the_watch_and_makes_the_notice_stale(
+        self,
+    ) -> None:
+        tracks = Tracks()
+        ref = tracks.track("s")
+        first = Liveness(1)
+        order = order_of(tracks.register(ref, first, 1, True))
+        idle = tracks.unregister(ref, first)
+        assert idle == Idle("s", idle.generation if idle else -1), "idle: a notice"
+        second = Liveness(2)
+        assert tracks.register(ref, second, 3, True) is None, "the open watch is reused"
+        linger_over(tracks, idle)
+        assert not fired(order), "a stale notice closes nothing"
+        later = tracks.unregister(ref, second)
+        assert later is not None
+        assert idle is not None
+        assert later.generation > idle.generation
+        linger_over(tracks, later)
+        assert fired(order), "the current notice closes the watch"
+        assert not tracks.watched("s")
+
+    def test_a_notice_is_stale_while_a_response_is_live(self) -> None:
+        tracks = Tracks()
+        ref = tracks.track("s")
+        order = order_of(tracks.register(ref, Liveness(1), 1, True))
+        tracks.linger_over("s", 1)
+        assert not fired(order), "a live response keeps the watch whatever the generation"
+        assert tracks.unregister(ref, Liveness(99)) is None, "not registered: nothing emptied"
+
+    def test_the_track_outlives_its_last_handle_while_the_watch_lingers(self) -> None:
+        tracks = Tracks()
+        ref = tracks.track("s")
+        response = Liveness(7)
+        order = order_of(tracks.register(ref, response, 4, True))
+        response.stop(respcoord.StopReason.FINISHED)
+        idle = tracks.unregister(ref, response)
+        tracks.apply([event("s", 5, **cancel_requested(8, pb.CANCEL_REASON_REQUESTED))])
+        ref.release()
+        assert len(tracks) == 1, "kept by the lingering watch"
+        again = tracks.track("s")
+        late = Liveness(8)
+        assert tracks.register(again, late, 5, True) is None
+        assert late.reason is respcoord.StopReason.CANCELLED, "dead_through survived"
+        again.release()
+        linger_over(tracks, idle)
+        assert fired(order)
+        assert len(tracks) == 0
+
+    def test_a_read_covers_responses_whose_start_revision_it_reached(self) -> None:
+        """A Start answered after the read was sent, applied before the
+        read's answer: the ticket says "not covered", the revision says
+        "covered"."""
+        tracks = Tracks()
+        ref = tracks.track("s")
+        ticket = tracks.ticket()
+        reached, beyond = Liveness(5), Liveness(9)
+        tracks.register(ref, reached, 6, True)
+        tracks.register(ref, beyond, 9, True)
+        assert tracks.apply_state(state("s", pb.PHASE_IDLE, 0, 8), ticket) is None
+        assert reached.reason is respcoord.StopReason.GONE, "revision 6 <= 8: the read saw it end"
+        assert beyond.is_current(), "revision 9 > 8: after the read"
+
+    def test_an_active_read_spares_its_active_response_covered_by_revision(self) -> None:
+        tracks = Tracks()
+        ref = tracks.track("s")
+        ticket = tracks.ticket()
+        live = Liveness(5)
+        tracks.register(ref, live, 6, True)
+        tracks.apply_state(state("s", pb.PHASE_ACTIVE, 5, 8), ticket)
+        assert live.is_current()
+
+    def test_a_late_register_is_judged_by_the_kept_read(self) -> None:
+        tracks = Tracks()
+        ref = tracks.track("s")
+        effects = tracks.open_watch("s")
+        order = order_of(effects.order)
+        tracks.apply_state(state("s", pb.PHASE_IDLE, 0, 10), tracks.ticket())
+        ended = Liveness(4)
+        assert tracks.register(ref, ended, 9, True) is None
+        assert ended.reason is respcoord.StopReason.GONE, "the read reached its Start: not live"
+        after = Liveness(5)
+        assert tracks.register(ref, after, 11, True) is None, "registered on the open watch"
+        assert after.is_current()
+        tracks.apply_state(state("s", pb.PHASE_ACTIVE, 6, 12), tracks.ticket())
+        assert after.reason is respcoord.StopReason.SUPERSEDED
+        active = Liveness(6)
+        tracks.register(ref, active, 12, True)
+        assert active.is_current(), "the read found it active"
+        assert not fired(order)
+
+    def test_a_read_is_forgotten_when_the_session_is_gone_or_the_watch_ends(self) -> None:
+        tracks = Tracks()
+        ref = tracks.track("s")
+        tracks.open_watch("s")
+        tracks.apply_state(state("s", pb.PHASE_IDLE, 0, 10), tracks.ticket())
+        tracks.apply_gone("s", tracks.ticket())
+        reborn = Liveness(3)
+        tracks.register(ref, reborn, 2, True)
+        assert reborn.is_current(), "revisions of a gone session judge nothing"
+        tracks.apply_state(state("s", pb.PHASE_IDLE, 0, 10), tracks.ticket())
+        assert reborn.reason is respcoord.StopReason.GONE
+        tracks.apply([event("s", 11, **terminated(pb.CANCEL_REASON_EXPIRED))])
+        assert not tracks.watched("s")
+        renewed = Liveness(4)
+        order = order_of(tracks.register(ref, renewed, 1, True))
+        assert renewed.is_current(), "the read ended with the watch"
+        assert order.expect_started == 4, "a new watch, with its proof"
+
+    def test_open_watch_reads_first_and_lingers_from_now(self) -> None:
+        tracks = Tracks()
+        effects = tracks.open_watch("w")
+        order = order_of(effects.order)
+        assert (order.session, order.after_revision, order.expect_started) == ("w", None, None)
+        assert effects.idle is not None, "nothing live: the linger starts now"
+        again = tracks.open_watch("w")
+        assert again.order is None, "open already"
+        assert again.idle is not None
+        assert again.idle.generation > effects.idle.generation, "the linger restarts"
+        linger_over(tracks, effects.idle)
+        assert not fired(order), "the first notice is stale"
+        ref = tracks.track("w")
+        response = Liveness(1)
+        assert tracks.register(ref, response, 1, True) is None, "the first Start reuses it"
+        linger_over(tracks, again.idle)
+        assert not fired(order), "a Start since"
+        busy = tracks.open_watch("w")
+        assert busy == type(busy)(None, None), "a live response: no order, no notice"
+        linger_over(tracks, tracks.unregister(ref, response))
+        assert fired(order)
+        assert len(tracks) == 1, "the handle still holds the track"
+        ref.release()
+        assert len(tracks) == 0
+
+    def test_terminated_ends_a_lingering_watch_and_forgets_an_unheld_track(self) -> None:
+        tracks = Tracks()
+        effects = tracks.open_watch("s")
+        order = order_of(effects.order)
+        assert tracks.apply([event("s", 3, **terminated(pb.CANCEL_REASON_REQUESTED))]) == []
+        assert fired(order), "the stream ends: the watch is over"
+        assert len(tracks) == 0
+        linger_over(tracks, effects.idle)
+        assert len(tracks) == 0, "a notice of a forgotten track is harmless"
+
+    def test_closing_the_client_closes_lingering_watches_and_forgets_their_tracks(self) -> None:
+        tracks = Tracks()
+        ahead = order_of(tracks.open_watch("a").order)
+        ref = tracks.track("b")
+        live = Liveness(1)
+        order = order_of(tracks.register(ref, live, 1, True))
+        tracks.release_all()
+        assert fired(ahead)
+        assert fired(order)
+        assert live.reason is respcoord.StopReason.RELEASED
+        assert len(tracks) == 1, "b's handle still holds it"
+        ref.release()
+        assert len(tracks) == 0
 
 
 class ScriptedCall:
@@ -282,6 +456,18 @@ class Script:
         return None
 
 
+class HeldRead(Script):
+    """A script whose one state read is answered when the test says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer: asyncio.Future[pb.SessionState] = asyncio.get_running_loop().create_future()
+
+    async def get_state(self, session_id: str) -> pb.SessionState:
+        self.calls.append("get_state")
+        return await self.answer
+
+
 def message(*events: pb.LifecycleEvent) -> pb.WatchResponse:
     return pb.WatchResponse(events=events)
 
@@ -294,12 +480,14 @@ class Running:
     """Response 10, whose Start reply carried revision 5, and its session's
     watch running against a script."""
 
-    def __init__(self, script: Script, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self, script: Script, retry: RetryPolicy | None = None, linger: float = 0.0
+    ) -> None:
         self.tracks = Tracks()
         self.ref = self.tracks.track("s")
         self.response = Liveness(10)
         self.order = order_of(self.tracks.register(self.ref, self.response, 5, True))
-        self.watches = Watches(script.connect, self.tracks, retry or RetryPolicy())
+        self.watches = Watches(script.connect, self.tracks, retry or RetryPolicy(), linger=linger)
         self.watches.open(self.order)
 
     async def stopped(self) -> respcoord.StopReason:
@@ -384,16 +572,109 @@ class TestSessionWatch:
         await running.watches.close()
         assert running.watches.status().open == 0
 
+    async def test_a_watch_lingers_after_its_last_response_then_closes(self) -> None:
+        script = Script()
+        stop = message(event("s", 6, **cancel_requested(10, pb.CANCEL_REASON_REQUESTED)))
+        script.watches.append(ScriptedCall([message(event("s", 5, **started(10))), stop], None))
+        running = Running(script, linger=0.05)
+        assert await running.stopped() is respcoord.StopReason.CANCELLED
+        assert not fired(running.order), "the watch lingers"
+        assert running.watches.status().open == 1
+        await until("the linger runs out", lambda: running.watches.status().open == 0)
+        assert fired(running.order)
+        assert script.calls == ["watch 4"]
+        assert len(running.tracks) == 1, "the test's handle still holds the track"
+        await running.watches.close()
+
+    async def test_a_start_within_the_linger_needs_no_watch_call(self) -> None:
+        script = Script()
+        script.watches.append(
+            ScriptedCall(
+                [
+                    message(event("s", 5, **started(10))),
+                    message(event("s", 6, **cancel_requested(10, pb.CANCEL_REASON_REQUESTED))),
+                ],
+                None,
+            )
+        )
+        running = Running(script, linger=60.0)
+        assert await running.stopped() is respcoord.StopReason.CANCELLED
+        second = Liveness(11)
+        assert running.tracks.register(running.ref, second, 7, True) is None
+        assert running.watches.status().open == 1
+        assert script.calls == ["watch 4"], "no second Watch call"
+        await running.watches.close()
+        assert running.watches.status().open == 0, "close ends a lingering watch"
+
+    async def test_a_watch_opened_ahead_reads_first_and_not_found_watches_from_0(self) -> None:
+        script = Script()
+        script.states.append(respcoord.error_from_status(grpc.StatusCode.NOT_FOUND, "no session w"))
+        script.watches.append(
+            ScriptedCall(
+                [
+                    message(event("w", 1, **started(1))),
+                    message(event("w", 2, **cancel_requested(1, pb.CANCEL_REASON_REQUESTED))),
+                ],
+                None,
+            )
+        )
+        tracks = Tracks()
+        watches = Watches(script.connect, tracks, RetryPolicy(), linger=60.0)
+        watches.open_ahead("w")
+        assert watches.status().open == 1
+        await until("the stream is open", lambda: watches.status().opened == 1)
+        assert script.calls == ["get_state", "watch 0"], "from the session's first event"
+        ref = tracks.track("w")
+        response = Liveness(1)
+        assert tracks.register(ref, response, 1, True) is None, "the first Start reuses it"
+        assert await within("the stop arrives", response.stopped()) is (
+            respcoord.StopReason.CANCELLED
+        )
+        assert watches.status() == respcoord.WatchStatus(
+            open=1, opened=1, reconnects=0, rereads=1, connections=1
+        )
+        await watches.close()
+
+    async def test_a_start_answered_during_the_ahead_read_is_judged_by_it(self) -> None:
+        script = HeldRead()
+        tracks = Tracks()
+        watches = Watches(script.connect, tracks, RetryPolicy(), linger=60.0)
+        watches.open_ahead("s")
+        await until("the read is sent", lambda: script.calls == ["get_state"])
+        ref = tracks.track("s")
+        superseded = Liveness(3)
+        assert tracks.register(ref, superseded, 4, True) is None
+        script.watches.append(ScriptedCall([], None))
+        script.answer.set_result(active(4, 6))
+        assert await within("the read judges it", superseded.stopped()) is (
+            respcoord.StopReason.SUPERSEDED
+        )
+        await until("the stream follows", lambda: script.calls == ["get_state", "watch 6"])
+        await watches.close()
+
+    async def test_no_watch_ahead_with_a_linger_of_0(self) -> None:
+        script = Script()
+        tracks = Tracks()
+        watches = Watches(script.connect, tracks, RetryPolicy(), linger=0.0)
+        watches.open_ahead("s")
+        assert watches.status().open == 0
+        assert len(tracks) == 0
+        await watches.close()
+
     async def test_the_pool_adds_a_connection_when_every_one_is_full(self) -> None:
         script = Script()
         tracks = Tracks()
-        watches = Watches(script.connect, tracks, RetryPolicy())
+        watches = Watches(script.connect, tracks, RetryPolicy(), linger=0.0)
         refs = [tracks.track(f"s{i}") for i in range(respcoord.STREAMS_PER_CONNECTION + 1)]
+        first = Liveness(1)
         for i, ref in enumerate(refs):
-            watches.open(order_of(tracks.register(ref, Liveness(1), i + 1, True)))
+            watches.open(
+                order_of(tracks.register(ref, first if i == 0 else Liveness(1), i + 1, True))
+            )
         status = watches.status()
         assert (status.open, status.connections) == (respcoord.STREAMS_PER_CONNECTION + 1, 2)
         assert script.connections == 2
+        watches.linger(tracks.unregister(refs[0], first))
         refs[0].release()
         await until("the released session's watch ends", lambda: watches.status().open == 500)
         watches.open(order_of(tracks.register(tracks.track("again"), Liveness(1), 1, True)))
@@ -689,6 +970,31 @@ async def test_a_process_exits_after_closing_a_client_with_hundreds_of_watches(
         await process.wait()
         raise AssertionError("the process hung at exit after Client.close()") from None
     assert code == 0
+
+
+async def test_a_negative_or_non_finite_watch_linger_is_refused_naming_the_option() -> None:
+    for linger in (-1.0, float("nan"), float("inf"), True):
+        with pytest.raises(respcoord.ConfigError) as error:
+            await respcoord.Client.connect("127.0.0.1:1", lazy=True, watch_linger=linger)
+        assert error.value.field == "watch_linger"
+    client = await respcoord.Client.connect("127.0.0.1:1", lazy=True, watch_linger=0)
+    await client.close()
+
+
+async def test_open_watch_with_a_linger_of_0_does_nothing(servers: Servers) -> None:
+    server = await servers.fixture()
+    client = await servers.client(server.grpc, watch_linger=0.0)
+    client.session("no-linger").open_watch()
+    assert client.watch_status().open == 0
+    response = await client.session("no-linger").start(respcoord.Source.CLIENT)
+    assert client.watch_status().open == 1
+    await response.finish(respcoord.Terminal.COMPLETED)
+    assert client.watch_status().open in (0, 1)
+    await until("the watch closes with its last response", lambda: client.watch_status().open == 0)
+    session = client.session("closed")
+    await client.close()
+    with pytest.raises(respcoord.ClientClosed):
+        session.open_watch()
 
 
 async def test_connect_fails_fast_with_unavailable_when_nothing_listens() -> None:

@@ -3,11 +3,13 @@
 Per session at most one live response, exactly one terminal per started
 response, nothing after teardown, and every stop made by any gateway reaches
 this process's fences through the watch of that response's session (one
-Watch stream per session where this client has a live response). See
+Watch stream per session where this client has a live response, has opened
+the watch ahead, or is within the watch linger after its last response). See
 docs/python.md.
 """
 
 from respcoord._client import (
+    DEFAULT_WATCH_LINGER,
     MAX_REQUEST_ID_BYTES,
     MAX_SESSION_ID_BYTES,
     Client,
@@ -47,6 +49,7 @@ from respcoord._retry import RetryPolicy
 from respcoord._watch import STREAMS_PER_CONNECTION, WatchStatus
 
 __all__ = [
+    "DEFAULT_WATCH_LINGER",
     "MAX_REQUEST_ID_BYTES",
     "MAX_SESSION_ID_BYTES",
     "STREAMS_PER_CONNECTION",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -50,6 +51,10 @@ MAX_SESSION_ID_BYTES = 256
 """Longest session id the contract accepts, in UTF-8 bytes."""
 MAX_REQUEST_ID_BYTES = 128
 """Longest request id the contract accepts, in UTF-8 bytes."""
+DEFAULT_WATCH_LINGER = 30.0
+"""Seconds a session's watch stays open after this client's last response
+there ended (``watch_linger``'s default): longer than the pause between a
+conversation's turns, short against a session's life."""
 _MAX_ID = 1 << 64
 
 
@@ -227,6 +232,17 @@ def _channels(
     return lambda: grpc.aio.secure_channel(target.address, credentials, options=options)
 
 
+def _validate_linger(linger: object) -> float:
+    if (
+        isinstance(linger, bool)
+        or not isinstance(linger, int | float)
+        or not math.isfinite(linger)
+        or linger < 0
+    ):
+        raise ConfigError("watch_linger", "must be a finite number of seconds, 0 or more")
+    return float(linger)
+
+
 def _stub(channel: grpc.aio.Channel) -> ResponseCoordinatorAsyncStub:
     return cast("ResponseCoordinatorAsyncStub", pb_grpc.ResponseCoordinatorStub(channel))
 
@@ -234,9 +250,10 @@ def _stub(channel: grpc.aio.Channel) -> ResponseCoordinatorAsyncStub:
 class Client:
     """A connection to respcoord: one channel for calls, and a pool of
     channels for the session watches (one Watch stream per session where
-    this client has a live response). Use it from one event loop; close it
-    (``async with`` or :meth:`close`) to release its responses and
-    connections."""
+    this client has a live response, has opened the watch ahead, or is
+    within the watch linger after its last response). Use it from one event
+    loop; close it (``async with`` or :meth:`close`) to release its
+    responses and connections."""
 
     def __init__(
         self,
@@ -245,9 +262,11 @@ class Client:
         watch_channels: Callable[[], grpc.aio.Channel],
         metadata: tuple[tuple[str, str], ...],
         retry: RetryPolicy,
+        watch_linger: float = DEFAULT_WATCH_LINGER,
     ) -> None:
         """Use :meth:`connect`. ``watch_channels`` makes the watch pool's
         channels, each a connection of its own."""
+        linger = _validate_linger(watch_linger)
         self._channel = channel
         self._stub = _stub(channel)
         self._metadata = metadata
@@ -257,7 +276,7 @@ class Client:
         def connect_watches() -> _WatchConnection:
             return _WatchConnection(watch_channels(), metadata, retry)
 
-        self._watches = Watches(connect_watches, self._tracks, retry)
+        self._watches = Watches(connect_watches, self._tracks, retry, linger=linger)
         self._closed = False
 
     @classmethod
@@ -270,20 +289,33 @@ class Client:
         retry: RetryPolicy | None = None,
         connect_timeout: float = 5.0,
         lazy: bool = False,
+        watch_linger: float = DEFAULT_WATCH_LINGER,
     ) -> Client:
         """Connects to ``target`` (``host:port``, ``http://host:port`` or
         ``https://host:port``; ``host:port`` means TLS when ``tls`` is
         given). ``token`` goes as ``authorization: Bearer`` on every call,
         the watches included. Raises :class:`Unavailable` if the coordinator
         cannot be reached within ``connect_timeout`` seconds, unless
-        ``lazy`` (then the first calls connect, retried like any call)."""
+        ``lazy`` (then the first calls connect, retried like any call).
+
+        ``watch_linger``: seconds a session's watch stays open after this
+        client's last response there ended (or after
+        :meth:`Session.open_watch`), so that the next Start finds it open
+        and a stop right after that Start needs no Watch set-up; 0 closes it
+        with the last response. A negative value raises :class:`ConfigError`
+        naming ``watch_linger``."""
         parsed = _parse_target(target, tls)
         metadata = _auth_metadata(token)
+        linger = _validate_linger(watch_linger)
         policy = retry or RetryPolicy()
         channel = _channels(parsed, tls, policy, private_connection=False)()
         watch_channels = _channels(parsed, tls, policy, private_connection=True)
         client = cls(
-            channel=channel, watch_channels=watch_channels, metadata=metadata, retry=policy
+            channel=channel,
+            watch_channels=watch_channels,
+            metadata=metadata,
+            retry=policy,
+            watch_linger=linger,
         )
         if lazy:
             return client
@@ -496,7 +528,8 @@ RunOutcome: TypeAlias = Completed[_T] | Failed | Stopped
 class Session:
     """A handle on one session. Cheap: the client tracks a session while a
     Start on it is in flight or a response of it is live, and watches it
-    while a response of it is live."""
+    while a response of it is live, and for the watch linger after the last
+    one ended or after :meth:`open_watch`."""
 
     __slots__ = ("client", "id")
 
@@ -504,6 +537,20 @@ class Session:
         """Use :meth:`Client.session`."""
         self.client = client
         self.id = session_id
+
+    def open_watch(self) -> None:
+        """Opens the session's watch now, so that a stop right after the
+        session's first Start needs no Watch set-up either (a user talking
+        over the greeting): call it when the gateway begins serving the
+        session. Does not wait. The watch stays open while a response of
+        this client is live there, and for ``watch_linger`` after the later
+        of this call and the last response's end (with ``watch_linger`` 0
+        this does nothing). The session need not exist yet. Call it on the
+        client's event loop; raises :class:`ClientClosed` once the client is
+        closed."""
+        client = self.client
+        client._check_open()
+        client._watches.open_ahead(self.id)
 
     async def start(self, source: Source, *, request_id: str | None = None) -> Response:
         """Starts a response, superseding the session's live one wherever it
@@ -546,15 +593,15 @@ class Session:
                 if state.phase == Phase.ACTIVE
                 else StopReason.GONE
             )
-        # The session's watch (if this is its only live response) replays
-        # from the reply's revision: a stop that lands before the watch
-        # opens is not missed.
+        # The session's watch, if it has none open (not live, not opened
+        # ahead, not lingering), replays from the reply's revision: a stop
+        # that lands before the watch opens is not missed.
         order = client._tracks.register(ref, liveness, reply.state.revision, not reply.replayed)
         if order is not None:
             client._watches.open(order)
 
         def untrack(_: StopReason) -> None:
-            client._tracks.unregister(ref, liveness)
+            client._watches.linger(client._tracks.unregister(ref, liveness))
             ref.release()
 
         liveness.on_stop(untrack)

@@ -1,8 +1,8 @@
 """The fencing table: per tracked session, which of this client's responses
-are known to be no longer live. Pure (no I/O): the session watches
-(``_watch.py``) feed it events and re-read states, and carry out the one
-effect it asks for, opening or closing a session's watch. This is
-``clients/rust/src/fencing.rs`` in Python.
+are known to be no longer live. Pure (no I/O, no clock, no tasks): the
+session watches (``_watch.py``) feed it events and re-read states, and carry
+out what it asks for: open a session's watch, or wait out a linger and hand
+the notice back. This is ``clients/rust/src/fencing.rs`` in Python.
 
 The table. Per tracked session the client keeps ``dead_through``: every
 response id of the session up to it is known to be no longer live. Each
@@ -13,30 +13,42 @@ responses, with a fact that is true whenever it is applied:
   increase);
 - ``cancel_requested(x)``, ``ended(x)``: raise to ``x`` (``x`` is done);
 - ``terminated``: stop every registered response (nothing of the session
-  lives after teardown, and none starts);
+  lives after teardown, and none starts); the watch is over;
 - state Active(``z``): raise to ``z - 1``, as ``started(z)``; the responses
   the read covered other than ``z`` are gone;
-- state Idle or Terminated: stop every response registered before the read
-  was sent (the read saw their Starts, and none of them is live);
+- state Idle or Terminated: stop every response the read covered (it saw
+  their Starts, and none of them is live);
 - NOT_FOUND, or a revision below the one the watch had reached: stop every
   response registered before the read was sent, as gone (the session they
   belong to no longer exists).
+
+A read covers the responses registered before it was sent (a client-wide
+ticket) and those whose Start reply's revision it reached. The last read
+applied is kept while its watch lives: a Start whose reply arrives after it,
+at a revision it reached, is judged by it at registration.
 
 Because every update is a max of true facts or stops responses the read
 already covered, replaying events, or applying a state read while events
 arrive, is harmless: that is what makes resume simple.
 
-Which sessions are watched. A session's events reach this client only
-while it has a live response there: :meth:`Tracks.register` asks for the
-session's watch when the first one registers (from the Start reply's
-revision, so a stop that lands between the reply and the watch is
-replayed), and the watch is closed when the last one stops or is released.
+Which sessions are watched. A session's events reach this client while it
+has a live response there, and for a linger after the last one ends:
+:meth:`Tracks.register` asks for the session's watch when the first one
+registers (from the Start reply's revision, so a stop that lands between the
+reply and the watch is replayed), and every later Start finds it open.
+:meth:`Tracks.open_watch` opens it ahead of any Start (from a state read).
+When the last response stops, or a watch is opened ahead with none live, the
+table hands the shell an :class:`Idle` notice; the shell waits out the
+linger and hands it back (:meth:`Tracks.linger_over`), and the watch closes
+unless the session was used again meanwhile (its generation moved on). The
+table never reads a clock.
 
-No missed stop. A response registers right after its Start reply, and its
-session's watch replays from the reply's revision, so every event after
-the Start passes through :meth:`Tracks.apply`. A response registered after
-its stop was already applied finds ``id <= dead_through`` and is stopped at
-once.
+No missed stop. A response registers right after its Start reply. Its
+session's watch either replays from the reply's revision, or was already
+open: then it delivers every event after its position with no gap, and what
+lies at or below its position was applied or judged by a read. A response
+registered after its stop was already applied finds ``id <= dead_through``
+(or a read that reached its Start) and is stopped at once.
 """
 
 from __future__ import annotations
@@ -115,9 +127,9 @@ def _nothing() -> None:
 
 
 class WatchStop:
-    """A session watch's stop handle: the table fires it when the session
-    has no live response of this client left (or is no longer tracked); the
-    watch binds what stops it (its task's ``cancel``)."""
+    """A session watch's stop handle: the table fires it when the watch is
+    over (its linger ran out, the session was terminated, or the client is
+    closing); the watch binds what stops it (its task's ``cancel``)."""
 
     __slots__ = ("_cancel", "fired")
 
@@ -143,17 +155,37 @@ class WatchStop:
 
 @dataclass(frozen=True, slots=True)
 class WatchOrder:
-    """What the caller of :meth:`Tracks.register` must do: open the
-    session's watch, stopped by ``stop``."""
+    """What the caller of :meth:`Tracks.register` or
+    :meth:`Tracks.open_watch` must do: open the session's watch, stopped by
+    ``stop``."""
 
     session: str
-    after_revision: int
-    """Watch with ``after_revision`` = this."""
+    after_revision: int | None
+    """Watch with ``after_revision`` = this; ``None``: read the session's
+    state first and watch from its revision (a watch opened ahead)."""
     expect_started: int | None
     """The response whose ``started`` event must come first (at
     ``after_revision + 1``): proof that the watch follows the session the
     Start was applied to, not one recreated since."""
     stop: WatchStop
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """A session whose watch is open with no live response of this client:
+    the shell waits out the linger, then calls :meth:`Tracks.linger_over`
+    with it."""
+
+    session: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Effects:
+    """What the shell must carry out after :meth:`Tracks.open_watch`."""
+
+    order: WatchOrder | None
+    idle: Idle | None
 
 
 @dataclass(eq=False, slots=True)
@@ -163,10 +195,24 @@ class _Registered:
     liveness: Liveness
     ticket: int
     """The client-wide registration ticket (:meth:`Tracks.ticket`)."""
+    revision: int
+    """The revision its Start reply carried: a read at or past it covered
+    the response."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """The last state read applied while the current watch lives: a true
+    fact about the session at ``revision``."""
+
+    revision: int
+    phase: pb.Phase.ValueType
+    active_response_id: int
 
 
 @dataclass(eq=False, slots=True)
 class _Track:
+    session: str
     refs: int = 0
     """References (handles on responses, Starts in flight) holding it."""
     dead_through: int = 0
@@ -175,34 +221,56 @@ class _Track:
     responses: list[_Registered] = field(default_factory=list)
     """Live responses of this client in this session (usually one)."""
     watch: WatchStop | None = None
-    """The session's watch, open while ``responses`` is not empty."""
+    """The session's watch: open while ``responses`` is not empty, opened
+    ahead, or lingering after the last response."""
+    generation: int = 0
+    """Bumped by every registration and every open ahead: a linger that
+    began before either is stale."""
+    read: _Read | None = None
 
-    def raise_to(self, through: int, reason: StopReason) -> None:
+    def raise_to(self, through: int, reason: StopReason) -> list[Liveness]:
+        """Raises ``dead_through``; takes the registered responses at or
+        below it (stop them with :func:`_stop` once the table is settled)."""
         if through > self.dead_through:
             self.dead_through = through
             self.reason = reason
-        self.stop_where(reason, lambda r: r.liveness.id <= through)
+        return self.take_where(reason, lambda r: r.liveness.id <= through)
 
-    def stop_where(self, reason: StopReason, which: Callable[[_Registered], bool]) -> None:
-        """Stops the registered responses ``which`` selects, raising
-        ``dead_through`` over them. The table is consistent (and the watch
-        closed if nothing is left) before any stop callback runs."""
-        stopped = [r.liveness for r in self.responses if which(r)]
-        if not stopped:
-            return
+    def take_where(
+        self, reason: StopReason, which: Callable[[_Registered], bool]
+    ) -> list[Liveness]:
+        """Removes the registered responses ``which`` selects, raising
+        ``dead_through`` over them, and returns them to be stopped."""
+        taken = [r.liveness for r in self.responses if which(r)]
+        if not taken:
+            return taken
         self.responses = [r for r in self.responses if not which(r)]
-        highest = max(liveness.id for liveness in stopped)
+        highest = max(liveness.id for liveness in taken)
         if highest > self.dead_through:
             self.dead_through = highest
             self.reason = reason
-        self.close_watch_when_idle()
-        for liveness in stopped:
-            liveness.stop(reason)
+        return taken
 
-    def close_watch_when_idle(self) -> None:
-        if not self.responses and self.watch is not None:
+    def end_watch(self) -> None:
+        """The watch is over: the next Start opens a new one, with its proof."""
+        self.read = None
+        if self.watch is not None:
             watch, self.watch = self.watch, None
             watch.fire()
+
+    def idle_notice(self, emptied: bool) -> Idle | None:
+        """The notice for a track that just lost its last live response
+        while its watch is open."""
+        if emptied and self.watch is not None:
+            return Idle(self.session, self.generation)
+        return None
+
+
+def _stop(stopped: Iterable[tuple[Liveness, StopReason]]) -> None:
+    """Stops responses taken from the table. Their callbacks run here, after
+    the table is settled (a callback may release its track)."""
+    for liveness, reason in stopped:
+        liveness.stop(reason)
 
 
 class TrackRef:
@@ -230,12 +298,15 @@ class Tracks:
         self._map: dict[str, _Track] = {}
         self._tickets = 0
 
-    def track(self, session: str) -> TrackRef:
+    def _track(self, session: str) -> _Track:
         track = self._map.get(session)
         if track is None:
-            track = _Track()
+            track = _Track(session)
             self._map[session] = track
-        track.refs += 1
+        return track
+
+    def track(self, session: str) -> TrackRef:
+        self._track(session).refs += 1
         return TrackRef(self, session)
 
     def _unref(self, session: str) -> None:
@@ -243,32 +314,48 @@ class Tracks:
         if track is None:
             return
         track.refs -= 1
-        if track.refs == 0:
+        # A lingering watch keeps the track (and what it knows) until the
+        # linger is over.
+        self._forget_if_unheld(session)
+
+    def _forget_if_unheld(self, session: str) -> None:
+        """Drops a track that no reference holds and no watch keeps."""
+        track = self._map.get(session)
+        if track is not None and track.refs <= 0 and track.watch is None:
             del self._map[session]
-            if track.watch is not None:
-                watch, track.watch = track.watch, None
-                watch.fire()
 
     def register(
         self, ref: TrackRef, response: Liveness, revision: int, fresh: bool
     ) -> WatchOrder | None:
         """Adds a started response whose Start reply carried ``revision``;
-        stops it at once if a watch already saw its end. Returns the watch
-        to open when the session has none. ``fresh``: the reply was not a
-        replay, so the response's ``started`` event is at ``revision``."""
+        stops it at once if a watch or a read already saw its end. Returns
+        the watch to open when the session has none (an open one is reused).
+        ``fresh``: the reply was not a replay, so the response's ``started``
+        event is at ``revision``."""
         track = self._map.get(ref.session)
         if track is None:
             return None
         if response.id <= track.dead_through:
             response.stop(track.reason)
             return None
+        read = track.read
+        if (
+            read is not None
+            and revision <= read.revision
+            and not (read.phase == pb.PHASE_ACTIVE and read.active_response_id == response.id)
+        ):
+            # The read reached this Start and did not find the response live.
+            response.stop(StopReason.GONE)
+            return None
         if not response.is_current():
             return None
+        track.generation += 1
         self._tickets += 1
-        track.responses.append(_Registered(response, self._tickets))
+        track.responses.append(_Registered(response, self._tickets, revision))
         if track.watch is not None:
             return None
         track.watch = WatchStop()
+        track.read = None
         return WatchOrder(
             session=ref.session,
             after_revision=max(revision - 1, 0) if fresh else revision,
@@ -276,32 +363,61 @@ class Tracks:
             stop=track.watch,
         )
 
-    def unregister(self, ref: TrackRef, response: Liveness) -> None:
+    def open_watch(self, session: str) -> Effects:
+        """The gateway serves ``session``: its watch opens now (from a state
+        read) unless it is open, and lingers from now if no response is
+        live. The session need not be tracked (nor exist) yet."""
+        track = self._track(session)
+        track.generation += 1
+        order = None
+        if track.watch is None:
+            track.watch = WatchStop()
+            track.read = None
+            order = WatchOrder(session, after_revision=None, expect_started=None, stop=track.watch)
+        idle = None if track.responses else Idle(session, track.generation)
+        return Effects(order, idle)
+
+    def unregister(self, ref: TrackRef, response: Liveness) -> Idle | None:
+        """Removes a response that stopped (finished, released, or stopped
+        by the table). An idle notice if that left the watch with none."""
         track = self._map.get(ref.session)
         if track is None:
-            return
+            return None
+        before = len(track.responses)
         track.responses = [r for r in track.responses if r.liveness is not response]
-        track.close_watch_when_idle()
+        return track.idle_notice(before > 0 and not track.responses)
+
+    def linger_over(self, session: str, generation: int) -> None:
+        """The linger that an :class:`Idle` notice began is over: the watch
+        closes unless a response registered or the watch was opened ahead
+        since; the track goes when no reference holds it."""
+        track = self._map.get(session)
+        if track is None or track.generation != generation or track.responses:
+            return
+        track.end_watch()
+        self._forget_if_unheld(session)
 
     def ticket(self) -> int:
         """Every response registered so far has a ticket at or below this:
         take it before sending a read, and the read's answer covers them."""
         return self._tickets
 
-    def apply(self, events: Iterable[pb.LifecycleEvent]) -> None:
-        """Applies one WatchResponse's events."""
+    def apply(self, events: Iterable[pb.LifecycleEvent]) -> list[Idle]:
+        """Applies one WatchResponse's events; the idle notices of the
+        sessions they left with no live response."""
+        notices: list[Idle] = []
         for event in events:
             track = self._map.get(event.session_id)
             if track is None:
                 continue
+            before = len(track.responses)
             kind = event.WhichOneof("kind")
             if kind == "started":
-                track.raise_to(event.started.response_id - 1, StopReason.SUPERSEDED)
+                reason = StopReason.SUPERSEDED
+                taken = track.raise_to(event.started.response_id - 1, reason)
             elif kind == "cancel_requested":
-                track.raise_to(
-                    event.cancel_requested.response_id,
-                    stop_reason_from_cancel(event.cancel_requested.reason),
-                )
+                reason = stop_reason_from_cancel(event.cancel_requested.reason)
+                taken = track.raise_to(event.cancel_requested.response_id, reason)
             elif kind == "ended":
                 ended = event.ended
                 reason = (
@@ -309,42 +425,76 @@ class Tracks:
                     if ended.status == pb.TERMINAL_STATUS_CANCELLED
                     else StopReason.ENDED
                 )
-                track.raise_to(ended.response_id, reason)
+                taken = track.raise_to(ended.response_id, reason)
             elif kind == "terminated":
-                track.stop_where(stop_reason_from_cancel(event.terminated.reason), _every)
+                # The session emits nothing more: the watch is over.
+                reason = stop_reason_from_cancel(event.terminated.reason)
+                taken = track.take_where(reason, _every)
+                track.end_watch()
+                self._forget_if_unheld(track.session)
+            else:
+                continue
+            idle = track.idle_notice(before > 0 and not track.responses)
+            if idle is not None:
+                notices.append(idle)
+            _stop((liveness, reason) for liveness in taken)
+        return notices
 
-    def apply_state(self, state: pb.SessionState, ticket: int) -> None:
+    def apply_state(self, state: pb.SessionState, ticket: int) -> Idle | None:
         """Applies a state read (GetState) sent when :meth:`ticket` was
-        ``ticket``."""
+        ``ticket``. It covered every response registered before it was sent
+        and every one whose Start reply's revision it reached; it is kept
+        (for later registrations) while the watch lives."""
         track = self._map.get(state.session_id)
         if track is None:
-            return
+            return None
+        before = len(track.responses)
 
-        def read(r: _Registered) -> bool:
-            return r.ticket <= ticket
+        def covered(r: _Registered) -> bool:
+            return r.ticket <= ticket or r.revision <= state.revision
 
+        stopped: list[tuple[Liveness, StopReason]] = []
         if state.phase == pb.PHASE_ACTIVE:
             active = state.active_response_id
-            track.raise_to(active - 1, StopReason.SUPERSEDED)
-            track.stop_where(StopReason.GONE, lambda r: read(r) and r.liveness.id != active)
-        elif state.phase == pb.PHASE_TERMINATED:
-            track.stop_where(StopReason.SHUTDOWN, read)
+            superseded = track.raise_to(active - 1, StopReason.SUPERSEDED)
+            stopped += ((liveness, StopReason.SUPERSEDED) for liveness in superseded)
+            gone = track.take_where(
+                StopReason.GONE, lambda r: covered(r) and r.liveness.id != active
+            )
+            stopped += ((liveness, StopReason.GONE) for liveness in gone)
         else:
-            track.stop_where(StopReason.GONE, read)
+            reason = StopReason.SHUTDOWN if state.phase == pb.PHASE_TERMINATED else StopReason.GONE
+            stopped += ((liveness, reason) for liveness in track.take_where(reason, covered))
+        if track.watch is not None:
+            track.read = _Read(state.revision, state.phase, state.active_response_id)
+        idle = track.idle_notice(before > 0 and not track.responses)
+        _stop(stopped)
+        return idle
 
-    def apply_gone(self, session: str, ticket: int) -> None:
+    def apply_gone(self, session: str, ticket: int) -> Idle | None:
         """The session was not found (or was recreated) by a read sent at
         ``ticket``: the responses it covered belonged to a session that is
-        gone."""
+        gone. Revisions of a gone session judge nothing."""
         track = self._map.get(session)
-        if track is not None:
-            track.stop_where(StopReason.GONE, lambda r: r.ticket <= ticket)
+        if track is None:
+            return None
+        before = len(track.responses)
+        taken = track.take_where(StopReason.GONE, lambda r: r.ticket <= ticket)
+        track.read = None
+        idle = track.idle_notice(before > 0 and not track.responses)
+        _stop((liveness, StopReason.GONE) for liveness in taken)
+        return idle
 
     def release_all(self) -> None:
         """Stops every tracked response (the client is closing: nothing can
         learn about stops any more) and closes every watch."""
+        stopped: list[tuple[Liveness, StopReason]] = []
         for track in list(self._map.values()):
-            track.stop_where(StopReason.RELEASED, _every)
+            taken = track.take_where(StopReason.RELEASED, _every)
+            stopped += ((liveness, StopReason.RELEASED) for liveness in taken)
+            track.end_watch()
+            self._forget_if_unheld(track.session)
+        _stop(stopped)
 
     def dead_through(self, session: str) -> int | None:
         track = self._map.get(session)

@@ -1,18 +1,23 @@
 """What the framework integrations' gates share (pipecat, openai_agents,
-livekit): the record of their responses' stops and the bounded maps they
-keep of recent responses. Private: each integration re-exports
-:class:`StopRecord`."""
+livekit): opening the session's watch when a gate begins serving it, the
+record of their responses' stops and the bounded maps they keep of recent
+responses. Private: each integration re-exports :class:`StopRecord`."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from respcoord._enums import StopReason
+from respcoord._errors import ClientClosed
+
+if TYPE_CHECKING:
+    from respcoord._client import Session
 
 LOCAL_REASONS: Final = frozenset({StopReason.FINISHED, StopReason.RELEASED})
 """Stops a gate made itself (its Finish, or letting go of the handle): they
@@ -20,6 +25,16 @@ never interrupt the framework's output."""
 TERMINAL_REASONS: Final = frozenset({StopReason.SHUTDOWN, StopReason.EXPIRED})
 MAX_RECORDS: Final = 1024
 """How many recent responses a gate remembers in each of its maps."""
+
+
+def begin_serving(session: Session) -> None:
+    """A gate begins serving ``session``: its watch opens now
+    (:meth:`Session.open_watch`), so a stop right after the first response's
+    Start needs no Watch set-up. A closed client opens nothing: its Starts
+    fail, and a gate drops what it cannot start."""
+    with contextlib.suppress(ClientClosed):
+        session.open_watch()
+
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")

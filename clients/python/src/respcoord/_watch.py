@@ -1,7 +1,10 @@
 """Session watches: one Watch stream per session where this client has a
-live response, opened when the fencing table asks (``_fencing.py``) and
-closed when it says so. A gateway's cost follows its own sessions, not the
-deployment's traffic. This is ``clients/rust/src/watch.rs`` in Python.
+live response, has opened the watch ahead (``Session.open_watch``), or is
+waiting out the linger after the last response; opened when the fencing
+table asks (``_fencing.py``), closed when it says so. The shell keeps the
+clock: it arms the linger's timer on the table's idle notice and hands the
+notice back when it runs out. A gateway's cost follows its own sessions, not
+the deployment's traffic. This is ``clients/rust/src/watch.rs`` in Python.
 
 One stream's life:
 
@@ -10,6 +13,9 @@ One stream's life:
   follows the session the Start was applied to. Anything else first (the
   session was recreated since, say after a coordinator restart), or nothing
   within the retry policy's attempt timeout, sends it to a state read.
+- Opened ahead: the session's state is read first (a session not found is
+  watched from its first event), then the stream follows from the state's
+  revision; there is no proof to wait for.
 - Every event goes through :meth:`Tracks.apply`; the position is the
   highest revision seen.
 - After ``terminated`` the stream ends and so does the watch.
@@ -36,7 +42,7 @@ from typing import Protocol
 import grpc
 
 from respcoord._errors import RespcoordError
-from respcoord._fencing import Tracks, WatchOrder
+from respcoord._fencing import Effects, Idle, Tracks, WatchOrder
 from respcoord._retry import RetryPolicy, backoff
 from respcoord.v1 import coordinator_pb2 as pb
 
@@ -56,7 +62,8 @@ class WatchStatus:
     """How this client's session watches are doing."""
 
     open: int
-    """Session watches running now: one per session with a live response."""
+    """Session watches running now: one per session with a live response,
+    opened ahead, or lingering after its last response."""
     opened: int
     """Watch streams opened so far, reopenings included."""
     reconnects: int
@@ -122,20 +129,27 @@ class _Slot:
 
 class Watches:
     """Runs session watches, each in a task of its own, on a pool of
-    connections that ``connect`` makes."""
+    connections that ``connect`` makes; waits out each idle watch's linger
+    (``linger`` seconds; 0 closes a watch with its last response)."""
 
     def __init__(
         self,
         connect: Callable[[], WatchTransport],
         tracks: Tracks,
         retry: RetryPolicy,
+        *,
+        linger: float,
     ) -> None:
         self._connect = connect
         self._tracks = tracks
         self._retry = retry
+        self._linger = linger
         self._slots: list[_Slot] = []
         self._counts = _Counts()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        """The running linger of each idle session (a newer notice replaces
+        an older one: the older is stale)."""
         self._closed = False
 
     def status(self) -> WatchStatus:
@@ -148,13 +162,54 @@ class Watches:
             connections=len(self._slots),
         )
 
+    def open_ahead(self, session: str) -> None:
+        """Opens ``session``'s watch now unless it is open, and lingers from
+        now when no response is live there. Nothing with a linger of 0 or a
+        closed client. Raises ``RuntimeError`` outside a running event loop
+        (before the table is touched)."""
+        if self._linger <= 0 or self._closed:
+            return
+        asyncio.get_running_loop()
+        self.carry_out(self._tracks.open_watch(session))
+
+    def carry_out(self, effects: Effects) -> None:
+        """Carries out what the table asked for."""
+        if effects.order is not None:
+            self.open(effects.order)
+        self.linger(effects.idle)
+
+    def linger(self, idle: Idle | None) -> None:
+        """Waits out the linger of a watch the table found idle, then hands
+        the notice back (at once with a linger of 0, a closed client, or no
+        running event loop to wait on)."""
+        if idle is None:
+            return
+        if self._linger <= 0 or self._closed:
+            self._tracks.linger_over(idle.session, idle.generation)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._tracks.linger_over(idle.session, idle.generation)
+            return
+        previous = self._timers.pop(idle.session, None)
+        if previous is not None:
+            previous.cancel()
+        self._timers[idle.session] = loop.call_later(self._linger, self._linger_over, idle)
+
+    def _linger_over(self, idle: Idle) -> None:
+        self._timers.pop(idle.session, None)
+        self._tracks.linger_over(idle.session, idle.generation)
+
     def open(self, order: WatchOrder) -> None:
         """Carries out a :class:`WatchOrder`: the watch runs in its own task
         until the order's stop handle fires or the session ends."""
         if self._closed or order.stop.fired:
             return
         slot = self._acquire()
-        watch = SessionWatch(slot.transport, self._tracks, self._retry, self._counts, order)
+        watch = SessionWatch(
+            slot.transport, self._tracks, self._retry, self._counts, order, linger=self.linger
+        )
         task = asyncio.create_task(watch.run(), name=f"respcoord-watch {order.session}")
         self._counts.open += 1
         self._tasks.add(task)
@@ -185,6 +240,9 @@ class Watches:
     async def close(self) -> None:
         """Stops every watch and closes the pool's connections."""
         self._closed = True
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -224,7 +282,9 @@ class SessionWatch:
     __slots__ = (
         "_counts",
         "_expect_started",
+        "_linger",
         "_position",
+        "_read_first",
         "_retry",
         "_session",
         "_stop",
@@ -239,38 +299,52 @@ class SessionWatch:
         retry: RetryPolicy,
         counts: _Counts,
         order: WatchOrder,
+        *,
+        linger: Callable[[Idle | None], None],
     ) -> None:
         self._transport = transport
         self._tracks = tracks
+        self._linger = linger
+        """Where the table's idle notices go (:meth:`Watches.linger`)."""
         self._retry = retry
         self._counts = counts
         self._session = order.session
-        self._position = order.after_revision
+        self._position = order.after_revision or 0
         """The highest revision applied."""
+        self._read_first = order.after_revision is None
+        """Opened ahead of any Start: the first stream starts from a state
+        read."""
         self._expect_started = order.expect_started
         """The response whose ``started`` must come first on the first stream."""
         self._stop = order.stop
 
     async def run(self) -> None:
         failures = 0
+        if self._read_first:
+            failures = await self._read_until_answered(failures)
         while not self._stop.fired:
             ended = await self._follow()
             if isinstance(ended, _Over):
                 return
             if ended.progressed:
                 failures = 0
-            while True:
-                try:
-                    await self._reread()
-                    break
-                except RespcoordError as error:
-                    _log.info("session state read of %s failed; retrying: %s", self._session, error)
-                    failures += 1
-                    await asyncio.sleep(backoff(self._retry, failures))
+            failures = await self._read_until_answered(failures)
             if not ended.progressed:
                 failures += 1
                 await asyncio.sleep(backoff(self._retry, failures))
             self._counts.reconnects += 1
+
+    async def _read_until_answered(self, failures: int) -> int:
+        """Reads the session's state until a read is answered (the position
+        is then where the stream goes on from); the failures counted."""
+        while True:
+            try:
+                await self._reread()
+                return failures
+            except RespcoordError as error:
+                _log.info("session state read of %s failed; retrying: %s", self._session, error)
+                failures += 1
+                await asyncio.sleep(backoff(self._retry, failures))
 
     async def _follow(self) -> _Reread | _Over:
         """Opens the session's watch from the position and applies it until
@@ -330,7 +404,8 @@ class SessionWatch:
     def _apply(self, events: Sequence[pb.LifecycleEvent]) -> bool:
         """Applies one message's events; true after ``terminated``."""
         # Applied as it arrives: no queue between the socket and the table.
-        self._tracks.apply(events)
+        for idle in self._tracks.apply(events):
+            self._linger(idle)
         for event in events:
             self._position = max(self._position, event.revision)
             if event.WhichOneof("kind") == "terminated":
@@ -351,17 +426,18 @@ class SessionWatch:
             if error.code != grpc.StatusCode.NOT_FOUND:
                 raise
             # Responses registered after the read (a session this client
-            # created anew) keep the watch open: from the new session's
-            # first event.
-            self._tracks.apply_gone(self._session, ticket)
+            # created anew) keep the watch open, as does a watch opened
+            # ahead of the session's first Start: from the session's first
+            # event.
             self._position = 0
+            self._linger(self._tracks.apply_gone(self._session, ticket))
             return
         if state.revision < self._position:
             # Revisions start again at 1 when a session is recreated: this
             # is not the session we watched.
-            self._tracks.apply_gone(self._session, ticket)
-        self._tracks.apply_state(state, ticket)
+            self._linger(self._tracks.apply_gone(self._session, ticket))
         self._position = state.revision
+        self._linger(self._tracks.apply_state(state, ticket))
 
 
 async def _next(messages: AsyncIterator[pb.WatchResponse]) -> pb.WatchResponse | None:

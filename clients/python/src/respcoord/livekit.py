@@ -11,6 +11,9 @@ Both the STT-LLM-TTS pipeline and realtime models end in
 ``agent_session.output.audio``, so the gate covers both. It puts each agent
 speech under the coordinator:
 
+- the gate opens the session's watch when it is made
+  (``Session.open_watch``), so a stop right after a speech's Start needs no
+  Watch set-up;
 - one speech (a ``SpeechHandle``, however many LLM/tool steps it takes) is
   one respcoord response, started when the speech's audio begins (its first
   frame reaches the gate; not at ``speech_created``, which fires when a
@@ -60,7 +63,7 @@ from respcoord._enums import Finished, Phase, Source, StopReason, Terminal
 from respcoord._errors import RespcoordError, SessionTerminated
 from respcoord._gate import LOCAL_REASONS as _LOCAL_REASONS
 from respcoord._gate import TERMINAL_REASONS as _TERMINAL_REASONS
-from respcoord._gate import StopRecord, StopRecords, notify_stop
+from respcoord._gate import StopRecord, StopRecords, begin_serving, notify_stop
 
 __all__ = ["RESPONSE_ID_USERDATA", "GateStats", "ResponseGate", "StopRecord"]
 
@@ -229,6 +232,8 @@ class ResponseGate(AudioOutput):
         self._closed = False
         if agent_session is not None:
             agent_session.on("close", self._on_session_close)
+        # The gate begins serving the session: its watch opens now.
+        begin_serving(session)
 
     @classmethod
     def install(

@@ -14,6 +14,9 @@ that loop. :class:`ResponseGate` iterates the session for the application::
 
 It puts each model response under the coordinator:
 
+- the gate opens the session's watch when it is made
+  (``Session.open_watch``), so a stop right after a response's Start needs
+  no Watch set-up;
 - a model response (``turn_started``, with the provider's ``response_id``)
   starts a respcoord response on the session; the session's events wait in
   the gate until the Start is confirmed; the follow-up response the SDK
@@ -62,7 +65,7 @@ from respcoord._enums import Finished, Phase, Source, StopReason, Terminal
 from respcoord._errors import RespcoordError, SessionTerminated
 from respcoord._gate import LOCAL_REASONS as _LOCAL_REASONS
 from respcoord._gate import TERMINAL_REASONS as _TERMINAL_REASONS
-from respcoord._gate import StopRecord, StopRecords, notify_stop, trim
+from respcoord._gate import StopRecord, StopRecords, begin_serving, notify_stop, trim
 
 __all__ = ["GateStats", "ResponseGate", "StopRecord"]
 
@@ -204,6 +207,8 @@ class ResponseGate:
         """The gate's coordinator calls run one at a time, in order."""
         self._terminated = False
         self._closed = False
+        # The gate begins serving the session: its watch opens now.
+        begin_serving(session)
 
     # ---- what the application, tests and metrics read ----
 

@@ -11,6 +11,9 @@ LLM/TTS and before the output transport::
 
 It puts each bot response of the pipeline under the coordinator:
 
+- the pipeline's ``StartFrame`` opens the session's watch
+  (``Session.open_watch``), so a stop right after a response's Start needs
+  no Watch set-up;
 - each response (``LLMFullResponseStartFrame`` downstream, or the first
   output frame outside a response) starts a respcoord response on the
   session; its frames wait in the gate until the Start is confirmed;
@@ -52,6 +55,7 @@ try:
         LLMTextFrame,
         OutputAudioRawFrame,
         OutputImageRawFrame,
+        StartFrame,
         SystemFrame,
         TTSStartedFrame,
         TTSStoppedFrame,
@@ -68,7 +72,7 @@ from respcoord._enums import Finished, Phase, Source, StopReason, Terminal
 from respcoord._errors import RespcoordError, SessionTerminated
 from respcoord._gate import LOCAL_REASONS as _LOCAL_REASONS
 from respcoord._gate import TERMINAL_REASONS as _TERMINAL_REASONS
-from respcoord._gate import StopRecord, StopRecords, trim
+from respcoord._gate import StopRecord, StopRecords, begin_serving, trim
 
 __all__ = [
     "DEFAULT_OUTPUT_FRAMES",
@@ -358,7 +362,10 @@ class ResponseGate(FrameProcessor):
     # ---- frames ----
 
     async def _system_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        if isinstance(frame, CancelFrame):
+        if isinstance(frame, StartFrame):
+            # The pipeline begins serving the session: its watch opens now.
+            begin_serving(self._session)
+        elif isinstance(frame, CancelFrame):
             self._close()
         elif (
             isinstance(frame, self._interruption_frames)
