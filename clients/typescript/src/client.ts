@@ -35,8 +35,8 @@ import {
 } from "./errors.js";
 import * as pb from "./gen/respcoord/v1/coordinator.js";
 import { defaultRetryPolicy, withRetry, type RetryPolicy } from "./retry.js";
-import { Liveness, Tracks, type WatchOrder } from "./fencing.js";
-import { Watches, type WatchChannel, type WatchStatus } from "./watch.js";
+import { Liveness, Tracks, type Effects, type IdleNotice } from "./fencing.js";
+import { DEFAULT_WATCH_LINGER_MS, Watches, type WatchChannel, type WatchStatus } from "./watch.js";
 
 /** Longest session id the contract accepts, in UTF-8 bytes. */
 export const MAX_SESSION_ID_BYTES = 256;
@@ -66,6 +66,24 @@ export interface ConnectOptions {
   readonly lazy?: boolean;
   /** Aborts the wait for the connection. */
   readonly signal?: AbortSignal;
+  /**
+   * How long a session's watch stays open after this client's last response
+   * there ends, or after `session.openWatch()` (default 30 000 ms). A Start
+   * within it needs no Watch call. 0: the watch closes with the last response,
+   * and `openWatch` does nothing.
+   */
+  readonly watchLingerMs?: number;
+}
+
+/** The longest linger a timer can wait (setTimeout's limit, about 24.8 days). */
+const MAX_WATCH_LINGER_MS = 2 ** 31 - 1;
+
+function validateWatchLinger(value: unknown): number {
+  if (value === undefined) return DEFAULT_WATCH_LINGER_MS;
+  if (typeof value !== "number" || Number.isNaN(value)) throw new ConfigError("watchLingerMs", "must be a number of milliseconds");
+  if (value < 0) throw new ConfigError("watchLingerMs", `is ${value}: must not be negative`);
+  if (value > MAX_WATCH_LINGER_MS) throw new ConfigError("watchLingerMs", `is ${value}: must be at most ${MAX_WATCH_LINGER_MS}`);
+  return value;
 }
 
 /** Options every call takes. */
@@ -274,7 +292,7 @@ function authMetadata(token: string | undefined): Metadata {
 /**
  * A connection to respcoord: one channel for calls, and a pool of channels of
  * its own for the session watches (one Watch stream per session with a live
- * response of this client).
+ * response of this client, opened ahead, or lingering after its last one).
  */
 export class Client {
   readonly #raw: pb.ResponseCoordinatorClient;
@@ -284,11 +302,17 @@ export class Client {
   readonly #watches: Watches;
   #closed = false;
 
-  private constructor(raw: pb.ResponseCoordinatorClient, watchChannel: () => pb.ResponseCoordinatorClient, auth: Metadata, retry: RetryPolicy) {
+  private constructor(
+    raw: pb.ResponseCoordinatorClient,
+    watchChannel: () => pb.ResponseCoordinatorClient,
+    auth: Metadata,
+    retry: RetryPolicy,
+    lingerMs: number,
+  ) {
     this.#raw = raw;
     this.#auth = auth;
     this.#retry = retry;
-    this.#watches = new Watches(() => this.#watchChannel(watchChannel()), this.#tracks, retry);
+    this.#watches = new Watches(() => this.#watchChannel(watchChannel()), this.#tracks, retry, { lingerMs });
   }
 
   /** One pooled watch connection: the session watches' Watch and GetState calls go on it. */
@@ -318,6 +342,7 @@ export class Client {
     const parsed = parseTarget(target, options.tls);
     const creds = channelCredentials(parsed, options.tls);
     const auth = authMetadata(options.token);
+    const lingerMs = validateWatchLinger(options.watchLingerMs);
     const retry: RetryPolicy = { ...defaultRetryPolicy, ...options.retry };
     const channelOptions: ChannelOptions = {
       // Notice a dead peer on an otherwise quiet connection (the watches').
@@ -336,7 +361,7 @@ export class Client {
     // calls' channel nor with another watch channel: a local subchannel pool).
     const watchChannel = (): pb.ResponseCoordinatorClient =>
       new pb.ResponseCoordinatorClient(parsed.address, creds, { ...channelOptions, "grpc.use_local_subchannel_pool": 1 });
-    const client = new Client(raw, watchChannel, auth, retry);
+    const client = new Client(raw, watchChannel, auth, retry, lingerMs);
     if (options.lazy === true) return client;
     const signal = options.signal;
     try {
@@ -412,9 +437,21 @@ export class Client {
     return this.#closed;
   }
 
-  /** @internal Opens the session watch a registration asked for. */
-  openWatch(order: WatchOrder): void {
-    this.#watches.open(order);
+  /** @internal Carries out what the fencing table asked for: a session watch to open, a linger to begin. */
+  carryOut(effects: Effects): void {
+    this.#watches.carryOut(effects);
+  }
+
+  /** @internal Begins the linger of a session whose last response ended. */
+  linger(notice: IdleNotice | undefined): void {
+    this.#watches.linger.begin(notice);
+  }
+
+  /** @internal Opens a session's watch ahead (nothing with linger 0). */
+  openWatchAhead(sessionId: string): void {
+    this.#checkOpen();
+    if (this.#watches.linger.off) return;
+    this.#watches.carryOut(this.#tracks.openWatch(sessionId));
   }
 
   /**
@@ -450,7 +487,8 @@ export class Client {
 /**
  * A handle on one session. Cheap: the client tracks a session while a Start
  * on it is in flight or a response of it is live, and watches it (one Watch
- * stream) only while a response of it is live.
+ * stream) while a response of it is live, and for the client's watch linger
+ * after the last one ends or after `openWatch()`.
  */
 export class Session {
   readonly client: Client;
@@ -460,6 +498,20 @@ export class Session {
   constructor(client: Client, id: string) {
     this.client = client;
     this.id = id;
+  }
+
+  /**
+   * Opens the session's watch now, so that even its first Start needs no
+   * Watch call: a stop that lands right after the Start's reply reaches the
+   * fence at once. Call it when the gateway begins serving the session (a
+   * call connects). Does not wait; the session need not exist yet. The watch
+   * stays open for the client's `watchLingerMs` after the later of this call
+   * and the session's last response's end (calling it again restarts that
+   * linger). With `watchLingerMs: 0` it does nothing. Throws
+   * ClientClosedError once the client is closed.
+   */
+  openWatch(): void {
+    this.client.openWatchAhead(this.id);
   }
 
   /**
@@ -473,7 +525,7 @@ export class Session {
     if (options.signal?.aborted) throw abortError(options.signal);
     // Tracked while the Start is in flight (what a watch of the session
     // already learns meanwhile applies to it); nothing is sent before the
-    // Start: its session's watch opens after the reply.
+    // Start: its session's watch, unless open already, opens after the reply.
     const ref = this.client.tracks.track(this.id);
     let reply: pb.StartResponse;
     try {
@@ -496,15 +548,15 @@ export class Session {
       // A retry of a Start that applied earlier, whose response has since been replaced or ended.
       liveness.stop(state.phase === "terminated" ? "shutdown" : state.phase === "active" ? "superseded" : "gone");
     }
-    // The session's watch (if this is its only live response) replays from
-    // the reply's revision: a stop that lands before the watch opens is not
-    // missed.
-    const order = this.client.tracks.register(ref, liveness, state.revision, !reply.replayed);
-    if (order !== undefined) this.client.openWatch(order);
-    // Finished, released or stopped: no longer registered (the session's
-    // last one closes its watch), and the session no longer tracked for it.
+    // An open watch (opened ahead, or lingering) is reused; otherwise the
+    // session's watch opens now and replays from the reply's revision: a
+    // stop that lands before the watch opens is not missed.
+    this.client.carryOut(this.client.tracks.register(ref, liveness, state.revision, !reply.replayed));
+    // Finished, released or stopped: no longer registered (after the
+    // session's last one its watch lingers), and the session no longer
+    // tracked for it.
     void liveness.stopped.then(() => {
-      this.client.tracks.unregister(ref, liveness);
+      this.client.linger(this.client.tracks.unregister(ref, liveness));
       ref.release();
     });
     return new Response(this, liveness, reply, state);

@@ -40,4 +40,4 @@ export {
   type StatusName,
 } from "./errors.js";
 export { defaultRetryPolicy, type RetryPolicy } from "./retry.js";
-export { STREAMS_PER_CONNECTION, type WatchStatus } from "./watch.js";
+export { DEFAULT_WATCH_LINGER_MS, STREAMS_PER_CONNECTION, type WatchStatus } from "./watch.js";

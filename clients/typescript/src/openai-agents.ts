@@ -209,6 +209,9 @@ export class ResponseGate {
       if (signal.aborted) void this.close();
       else signal.addEventListener("abort", () => void this.close(), { once: true });
     }
+    // The gate serves this session from now on: its watch opens ahead, so a
+    // barge-in right after the first Start needs no Watch set-up.
+    if (!this.#closed && !session.client.closed) session.openWatch();
   }
 
   on<K extends keyof ResponseGateEvents>(event: K, listener: Listener<K>): this {

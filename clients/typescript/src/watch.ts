@@ -1,14 +1,19 @@
 // Session watches: one Watch stream per session where this client has a live
-// response, opened when the fencing table asks (fencing.ts) and closed when
-// it says so. A gateway's cost follows its own sessions, not the
-// deployment's traffic. This is clients/rust/src/watch.rs in TypeScript.
+// response, or that the gateway opened ahead, or whose linger after its last
+// response is not over; opened when the fencing table asks (fencing.ts) and
+// closed when it says so. The linger's timer lives here (`Linger`), not in
+// the table. A gateway's cost follows its own sessions, not the deployment's
+// traffic. This is clients/rust/src/watch.rs in TypeScript.
 //
 // One stream's life:
-// - Opened with `after_revision` just below the Start reply's revision, so
-//   the first event is the response's own `started`: proof that the stream
-//   follows the session the Start was applied to. Anything else first (the
-//   session was recreated since, say after a coordinator restart), or
-//   nothing within an attempt timeout, sends it to a state read.
+// - Opened for a Start with `after_revision` just below the Start reply's
+//   revision, so the first event is the response's own `started`: proof that
+//   the stream follows the session the Start was applied to. Anything else
+//   first (the session was recreated since, say after a coordinator
+//   restart), or nothing within an attempt timeout, sends it to a state read.
+// - Opened ahead (`session.openWatch()`): the session's state is read first
+//   and applied, as on a resume, and the stream follows from its revision
+//   (from 0 when the session does not exist yet). No proof is expected.
 // - Every event goes through `Tracks.apply` as it arrives (no queue between
 //   the socket and the table); the position is the highest revision seen.
 // - After `terminated` the stream ends and so does the watch.
@@ -23,7 +28,7 @@
 // 1024 concurrent streams per connection by default, and a gateway with
 // thousands of calls must not queue watches behind that limit.
 import { NotFoundError } from "./errors.js";
-import type { Tracks, WatchOrder } from "./fencing.js";
+import type { Effects, IdleNotice, Tracks, WatchOrder } from "./fencing.js";
 import * as pb from "./gen/respcoord/v1/coordinator.js";
 import { backoffMs, sleep, type RetryPolicy } from "./retry.js";
 
@@ -55,13 +60,13 @@ export interface WatchTransport {
 
 /** How this client's session watches are doing. */
 export interface WatchStatus {
-  /** Session watches running now: one per session with a live response. */
+  /** Session watches running now: one per session with a live response, opened ahead, or lingering. */
   readonly open: number;
   /** Watch streams opened so far, reopenings included. */
   readonly opened: number;
   /** Streams reopened after a break, OUT_OF_RANGE or a failed check. */
   readonly reconnects: number;
-  /** Session states read (GetState) to resume a watch. */
+  /** Session states read (GetState) to resume a watch, or to begin one opened ahead. */
   readonly rereads: number;
   /** Connections in the watch pool. */
   readonly connections: number;
@@ -99,9 +104,60 @@ function startsWith(events: readonly pb.LifecycleEvent[], response: bigint, revi
   );
 }
 
+/** Default linger of a session's watch after its last response (`watchLingerMs`). */
+export const DEFAULT_WATCH_LINGER_MS = 30_000;
+
+/**
+ * Waits out a session watch's linger after its last response, then hands the
+ * notice back to the table (which closes the watch unless the session was
+ * used again meanwhile). One timer a session, unref'd: a lingering watch does
+ * not keep an idle process alive.
+ */
+export class Linger {
+  readonly #tracks: Tracks;
+  readonly #ms: number;
+  readonly #timers = new Map<string, NodeJS.Timeout>();
+  #closed = false;
+
+  constructor(tracks: Tracks, ms: number) {
+    this.#tracks = tracks;
+    this.#ms = ms;
+  }
+
+  /** Whether watches close with their last response (linger 0): nothing is opened ahead. */
+  get off(): boolean {
+    return this.#ms === 0;
+  }
+
+  /** Begins the linger a notice asks for (a later notice of the session replaces it); with linger 0, it is over at once. */
+  begin(notice: IdleNotice | undefined): void {
+    if (notice === undefined || this.#closed) return;
+    if (this.#ms === 0) {
+      this.#tracks.lingerOver(notice);
+      return;
+    }
+    const session = notice.session;
+    clearTimeout(this.#timers.get(session));
+    const timer = setTimeout(() => {
+      if (this.#timers.get(session) === timer) this.#timers.delete(session);
+      this.#tracks.lingerOver(notice);
+    }, this.#ms);
+    timer.unref();
+    this.#timers.set(session, timer);
+  }
+
+  /** Clears every timer (the client is closing; the table closes the watches). */
+  close(): void {
+    this.#closed = true;
+    for (const timer of this.#timers.values()) clearTimeout(timer);
+    this.#timers.clear();
+  }
+}
+
 export interface SessionWatchOptions {
   readonly transport: WatchTransport;
   readonly tracks: Tracks;
+  readonly linger: Linger;
   readonly retry: RetryPolicy;
   readonly cells: Cells;
   readonly order: WatchOrder;
@@ -111,6 +167,7 @@ export interface SessionWatchOptions {
 export class SessionWatch {
   readonly #transport: WatchTransport;
   readonly #tracks: Tracks;
+  readonly #linger: Linger;
   readonly #retry: RetryPolicy;
   readonly #cells: Cells;
   readonly #session: string;
@@ -119,47 +176,56 @@ export class SessionWatch {
   #position: bigint;
   /** The response whose `started` must come first on the first stream. */
   #expectStarted: bigint | undefined;
+  /** Opened ahead of any Start: the first stream starts from a state read. */
+  readonly #readFirst: boolean;
   /** The last error a stream or a state read ended with, for diagnostics. */
   lastError: unknown;
 
   constructor(options: SessionWatchOptions) {
     this.#transport = options.transport;
     this.#tracks = options.tracks;
+    this.#linger = options.linger;
     this.#retry = options.retry;
     this.#cells = options.cells;
     this.#session = options.order.session;
     this.#stop = options.order.stop;
-    this.#position = options.order.afterRevision;
+    this.#position = options.order.afterRevision ?? 0n;
+    this.#readFirst = options.order.afterRevision === undefined;
     this.#expectStarted = options.order.expectStarted;
   }
 
   /** Runs until the stop fires or the session ends. Never rejects. */
   async run(): Promise<void> {
-    const stop = this.#stop;
-    let failures = 0;
+    const counter = { failures: 0 };
+    if (this.#readFirst && !(await this.#readUntilAnswered(counter))) return;
     for (;;) {
       const ended = await this.#follow();
       if (ended.kind !== "reread" || this.#stopping()) return;
-      if (ended.progressed) failures = 0;
+      if (ended.progressed) counter.failures = 0;
       if (ended.error !== undefined) this.lastError = ended.error;
-      for (;;) {
-        if (this.#stopping()) return;
-        try {
-          await this.#reread();
-          break;
-        } catch (error) {
-          this.lastError = error;
-          if (this.#stopping()) return;
-          failures += 1;
-          await sleep(backoffMs(this.#retry, failures), stop);
-        }
-      }
+      if (!(await this.#readUntilAnswered(counter))) return;
       if (!ended.progressed) {
-        failures += 1;
-        await sleep(backoffMs(this.#retry, failures), stop);
+        counter.failures += 1;
+        await sleep(backoffMs(this.#retry, counter.failures), this.#stop);
       }
       if (this.#stopping()) return;
       this.#cells.reconnects += 1;
+    }
+  }
+
+  /** Reads the session's state until a read is answered, setting the position to watch from. False once stopped. */
+  async #readUntilAnswered(counter: { failures: number }): Promise<boolean> {
+    for (;;) {
+      if (this.#stopping()) return false;
+      try {
+        await this.#reread();
+        return !this.#stopping();
+      } catch (error) {
+        this.lastError = error;
+        if (this.#stopping()) return false;
+        counter.failures += 1;
+        await sleep(backoffMs(this.#retry, counter.failures), this.#stop);
+      }
     }
   }
 
@@ -228,7 +294,8 @@ export class SessionWatch {
           }
         }
         progressed = true;
-        this.#tracks.apply(message.events);
+        const notices = this.#tracks.apply(message.events);
+        for (const notice of notices) this.#linger.begin(notice);
         for (const event of message.events) {
           if (event.revision > this.#position) this.#position = event.revision;
           if (event.kind?.$case === "terminated") {
@@ -257,18 +324,22 @@ export class SessionWatch {
       state = await this.#transport.getState(this.#session, this.#stop);
     } catch (error) {
       if (!(error instanceof NotFoundError)) throw error;
-      this.#tracks.applyGone(this.#session, ticket);
+      // Stopped while the read was answered: the table has moved on.
+      if (this.#stopping()) return;
+      this.#linger.begin(this.#tracks.applyGone(this.#session, ticket));
       // Responses registered after the read (a session this client created
-      // anew) keep the watch open: from the new session's first event.
+      // anew), or a watch opened ahead, keep the watch open: from the new
+      // session's first event.
       this.#position = 0n;
       return;
     }
+    if (this.#stopping()) return;
     if (state.revision < this.#position) {
       // Revisions start again at 1 when a session is recreated: this is not
       // the session we watched.
-      this.#tracks.applyGone(this.#session, ticket);
+      this.#linger.begin(this.#tracks.applyGone(this.#session, ticket));
     }
-    this.#tracks.applyState(this.#session, state, ticket);
+    this.#linger.begin(this.#tracks.applyState(this.#session, state, ticket));
     this.#position = state.revision;
   }
 }
@@ -284,22 +355,42 @@ interface Slot {
   streams: number;
 }
 
-/** Runs session watches on a pool of connections. */
+export interface WatchesOptions {
+  /** How long a session's watch stays open after its last response (default DEFAULT_WATCH_LINGER_MS; 0: closes with it). */
+  readonly lingerMs?: number;
+  /** Streams one pooled connection carries at most (default STREAMS_PER_CONNECTION; for tests). */
+  readonly streamsPerConnection?: number;
+}
+
+/** Runs session watches on a pool of connections, and waits out their lingers. */
 export class Watches {
   readonly #connect: () => WatchChannel;
   readonly #tracks: Tracks;
   readonly #retry: RetryPolicy;
+  readonly #linger: Linger;
   readonly #streamsPerConnection: number;
   readonly #slots: Slot[] = [];
   readonly #cells = newCells();
   readonly #running = new Set<Promise<void>>();
 
-  /** `connect` makes one more pooled connection; `streamsPerConnection` is for tests. */
-  constructor(connect: () => WatchChannel, tracks: Tracks, retry: RetryPolicy, streamsPerConnection = STREAMS_PER_CONNECTION) {
+  /** `connect` makes one more pooled connection. */
+  constructor(connect: () => WatchChannel, tracks: Tracks, retry: RetryPolicy, options: WatchesOptions = {}) {
     this.#connect = connect;
     this.#tracks = tracks;
     this.#retry = retry;
-    this.#streamsPerConnection = streamsPerConnection;
+    this.#linger = new Linger(tracks, options.lingerMs ?? DEFAULT_WATCH_LINGER_MS);
+    this.#streamsPerConnection = options.streamsPerConnection ?? STREAMS_PER_CONNECTION;
+  }
+
+  /** The lingers of this pool's watches. */
+  get linger(): Linger {
+    return this.#linger;
+  }
+
+  /** Carries out what the table asked for: a watch to open, a linger to begin. */
+  carryOut(effects: Effects): void {
+    if (effects.order !== undefined) this.open(effects.order);
+    this.#linger.begin(effects.idle);
   }
 
   status(): WatchStatus {
@@ -313,6 +404,7 @@ export class Watches {
     const watch = new SessionWatch({
       transport: slot.channel.transport,
       tracks: this.#tracks,
+      linger: this.#linger,
       retry: this.#retry,
       cells: this.#cells,
       order,
@@ -330,8 +422,9 @@ export class Watches {
     return Promise.all(this.#running).then(() => undefined);
   }
 
-  /** Closes every pooled connection (the watches are stopped by the table). */
+  /** Clears the lingers' timers and closes every pooled connection (the watches are stopped by the table). */
   close(): void {
+    this.#linger.close();
     for (const slot of this.#slots) slot.channel.close();
   }
 

@@ -104,6 +104,19 @@ async function binary(scope: Scope, port: number, args: readonly string[] = []):
   return server;
 }
 
+/** A's options for a scenario whose session watches linger for its `linger_ms`. */
+function lingering(scenario: Scenario): { watchLingerMs: number } {
+  return { watchLingerMs: numberParam(scenario, "linger_ms") };
+}
+
+const ms = (v: number): string => `${v.toFixed(2)} ms`;
+
+/** p50, p99 and max of some latencies in milliseconds (sorts them). */
+function summary(millis: number[]): string {
+  millis.sort((x, y) => x - y);
+  return `p50 ${ms(percentile(millis, 50))}, p99 ${ms(percentile(millis, 99))}, max ${ms(millis.at(-1) ?? Number.NaN)}`;
+}
+
 type Implementation = (scenario: Scenario) => Promise<void>;
 
 const implementations: Record<string, Implementation> = {
@@ -278,7 +291,8 @@ const implementations: Record<string, Implementation> = {
   watch_broken_and_resumed: () =>
     scoped(async (scope) => {
       const server = await fixture(scope);
-      const a = await scope.client(server.addresses.proxy);
+      // Linger 0: the watch closes with its last response, as this scenario's last line expects.
+      const a = await scope.client(server.addresses.proxy, { watchLingerMs: 0 });
       const b = await scope.client(server.addresses.grpc);
       const response = await a.session("broken-watch").start("client");
       await until("A's session watch is open", () => a.watchStatus().opened === 1);
@@ -391,6 +405,9 @@ const implementations: Record<string, Implementation> = {
       const server = await fixture(scope);
       const a = await scope.client(server.addresses.grpc);
       const b = await scope.client(server.addresses.grpc);
+      // As a gateway serving these sessions does: their watches open ahead (and linger between rounds).
+      for (let i = 0; i < sessions; i += 1) a.session(`latency-${i}`).openWatch();
+      await until("A's watches are open", () => a.watchStatus().opened === sessions);
       const millis: number[] = [];
       for (let round = 0; round < rounds; round += 1) {
         const session = `latency-${round % sessions}`;
@@ -410,18 +427,15 @@ const implementations: Record<string, Implementation> = {
         await call;
         assert.equal(outcome.kind, "stopped", `round ${round}`);
       }
-      millis.sort((x, y) => x - y);
-      const ms = (v: number): string => `${v.toFixed(2)} ms`;
-      console.log(
-        `cancel propagation (typescript, ${rounds} rounds, B's call to A's run returning): ` +
-          `p50 ${ms(percentile(millis, 50))}, p99 ${ms(percentile(millis, 99))}, max ${ms(millis.at(-1) ?? Number.NaN)}`,
-      );
+      const status = a.watchStatus();
+      assert.equal(status.opened, sessions, `every later round reused its session's watch: ${JSON.stringify(status)}`);
+      console.log(`cancel propagation (typescript, ${rounds} rounds, B's call to A's run returning): ${summary(millis)}`);
     }),
 
-  session_watch_follows_live_responses: () =>
+  session_watch_follows_live_responses: (scenario) =>
     scoped(async (scope) => {
       const server = await fixture(scope);
-      const a = await scope.client(server.addresses.grpc);
+      const a = await scope.client(server.addresses.grpc, lingering(scenario));
       const b = await scope.client(server.addresses.grpc);
       const [x, y] = [a.session("follow-x"), a.session("follow-y")];
       const status = a.watchStatus();
@@ -432,14 +446,87 @@ const implementations: Record<string, Implementation> = {
       assert.equal(a.watchStatus().open, 2);
       await until("both watches are open", () => a.watchStatus().opened === 2);
       assert.equal((await onX.finish("completed")).kind, "applied");
-      await until("X's watch closes after its Finish", () => a.watchStatus().open === 1);
+      await b.session("follow-y").start("vad");
+      assert.equal(await within("Y's response is superseded", onY.stopped()), "superseded");
+      const lingeringStatus = a.watchStatus();
+      assert.deepEqual(
+        [lingeringStatus.open, lingeringStatus.opened],
+        [2, 2],
+        `both watches linger: ${JSON.stringify(lingeringStatus)}`,
+      );
       // Traffic on a session A has nothing live in reaches A not at all.
       const z = b.session("follow-z");
       for (let i = 0; i < 5; i += 1) await z.start("vad");
       assert.equal(a.watchStatus().opened, 2, "no watch of Z, nor of everything");
-      await b.session("follow-y").start("vad");
-      assert.equal(await within("Y's response is superseded", onY.stopped()), "superseded");
-      await until("no watch once nothing is live", () => a.watchStatus().open === 0);
+      await until("no watch once the linger is over", () => a.watchStatus().open === 0);
+      assert.equal(a.watchStatus().opened, 2, "still 2 opened");
+    }),
+
+  watch_lingers_across_responses: (scenario) =>
+    scoped(async (scope) => {
+      const server = await fixture(scope);
+      const a = await scope.client(server.addresses.grpc, lingering(scenario));
+      const b = await scope.client(server.addresses.grpc);
+      const session = a.session("linger-l");
+      const first = await session.start("client");
+      await until("the watch is open", () => a.watchStatus().opened === 1);
+      assert.equal((await first.finish("completed")).kind, "applied");
+      let status = a.watchStatus();
+      assert.deepEqual([status.open, status.opened], [1, 1], `after the first Finish: ${JSON.stringify(status)}`);
+      const second = await session.start("client");
+      status = a.watchStatus();
+      assert.deepEqual([status.open, status.opened], [1, 1], `after the second Start, no Watch call: ${JSON.stringify(status)}`);
+      await b.session("linger-l").start("vad");
+      assert.equal(await within("the second response is superseded", second.stopped()), "superseded");
+      status = a.watchStatus();
+      assert.deepEqual([status.opened, status.rereads], [1, 0], `one stream carried both: ${JSON.stringify(status)}`);
+    }),
+
+  open_watch_before_first_start: (scenario) =>
+    scoped(async (scope) => {
+      const server = await fixture(scope);
+      const a = await scope.client(server.addresses.grpc, lingering(scenario));
+      const b = await scope.client(server.addresses.grpc);
+      const w = a.session("ahead-w");
+      w.openWatch();
+      assert.equal(a.watchStatus().open, 1, "right after openWatch");
+      await until("W's watch stream is open", () => a.watchStatus().opened === 1);
+      const response = await w.start("client");
+      assert.equal(a.watchStatus().opened, 1, "the Start needed no Watch call");
+      await b.session("ahead-w").start("vad");
+      assert.equal(await within("A's response is superseded", response.stopped()), "superseded");
+    }),
+
+  stop_right_after_start_reply: (scenario) =>
+    scoped(async (scope) => {
+      const rounds = numberParam(scenario, "rounds");
+      const server = await fixture(scope);
+      const a = await scope.client(server.addresses.grpc);
+      const b = await scope.client(server.addresses.grpc);
+      const run = Date.now().toString(36);
+      const ahead: number[] = [];
+      const notAhead: number[] = [];
+      for (let round = 0; round < rounds; round += 1) {
+        const name = `quick-${run}-${round}`;
+        const session = a.session(name);
+        const openedAhead = round % 2 === 0;
+        if (openedAhead) {
+          const before = a.watchStatus().opened;
+          session.openWatch();
+          await until("the watch opened ahead is open", () => a.watchStatus().opened > before);
+        }
+        const response = await session.start("client");
+        const began = performance.now();
+        const cancel = b.session(name).cancel({ ifResponseId: response.id });
+        const reason = await within("A's response is stopped", response.stopped());
+        (openedAhead ? ahead : notAhead).push(performance.now() - began);
+        assert.equal(await within("B's cancel returns", cancel), response.id, `round ${round}: B's cancel`);
+        assert.equal(reason, "cancelled", `round ${round}`);
+      }
+      console.log(
+        `stop after start (typescript, ${rounds} rounds, B's cancel right after A's Start reply to A's response stopped): ` +
+          `watch opened ahead ${summary(ahead)}; not ahead ${summary(notAhead)}`,
+      );
     }),
 
   stop_between_start_reply_and_watch: () =>
@@ -462,7 +549,7 @@ const implementations: Record<string, Implementation> = {
     scoped(async (scope) => {
       const sessions = numberParam(scenario, "sessions");
       const server = await fixture(scope);
-      const a = await scope.client(server.addresses.grpc);
+      const a = await scope.client(server.addresses.grpc, lingering(scenario));
       const b = await scope.client(server.addresses.grpc);
       const responses: Started[] = [];
       for (let i = 0; i < sessions; i += 1) responses.push(await a.session(`many-${i}`).start("client"));
@@ -471,7 +558,7 @@ const implementations: Record<string, Implementation> = {
       for (const response of responses) {
         assert.equal(await within("every response is superseded", response.stopped()), "superseded");
       }
-      await until("no watch once nothing is live", () => a.watchStatus().open === 0);
+      await until("no watch once the linger is over", () => a.watchStatus().open === 0);
       const status = a.watchStatus();
       assert.equal(status.connections, 1, `${sessions} streams fit one pooled connection: ${JSON.stringify(status)}`);
     }),

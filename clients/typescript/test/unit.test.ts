@@ -25,7 +25,7 @@ import {
 import * as pb from "../src/gen/respcoord/v1/coordinator.js";
 import { backoffMs, defaultRetryPolicy, withRetry } from "../src/retry.js";
 import { Liveness, Tracks } from "../src/fencing.js";
-import { newCells, SessionWatch, Watches, type Cells, type WatchStream, type WatchTransport } from "../src/watch.js";
+import { Linger, newCells, SessionWatch, Watches, type Cells, type WatchStream, type WatchTransport } from "../src/watch.js";
 import { Fixture, freePort, until, within } from "./harness.js";
 
 function event(sessionId: string, revision: bigint, kind: pb.LifecycleEvent["kind"]): pb.LifecycleEvent {
@@ -43,33 +43,218 @@ function sessionState(sessionId: string, phase: pb.Phase, active: bigint, revisi
   return { ...pb.SessionState.create(), sessionId, phase, activeResponseId: active, revision };
 }
 
+const terminated = (reason: pb.CancelReason): pb.LifecycleEvent["kind"] => ({ $case: "terminated", value: { reason } });
+
 // The same cases as clients/rust/src/fencing.rs's tests.
 void describe("fencing table", () => {
-  void test("the first response opens the watch from its start and the last closes it", () => {
+  void test("the first response opens the watch from its start, and it lingers after the last", () => {
     const tracks = new Tracks();
     const ref = tracks.track("s");
     assert.equal(tracks.watched("s"), false, "a session handle alone watches nothing");
     const first = new Liveness(10n);
-    const order = tracks.register(ref, first, 7n, true);
+    const { order, idle } = tracks.register(ref, first, 7n, true);
     assert.ok(order, "a watch");
+    assert.equal(idle, undefined);
     assert.deepEqual(
       [order.session, order.afterRevision, order.expectStarted],
       ["s", 6n, 10n],
       "replays the response's own start",
     );
     const second = new Liveness(11n);
-    assert.equal(tracks.register(ref, second, 9n, true), undefined, "one watch a session");
-    tracks.unregister(ref, first);
-    assert.equal(order.stop.aborted, false);
-    tracks.apply([event("s", 10n, started(12n))]);
+    assert.equal(tracks.register(ref, second, 9n, true).order, undefined, "one watch a session");
+    assert.equal(tracks.unregister(ref, first), undefined, "one still live: not idle");
+    const notices = tracks.apply([event("s", 10n, started(12n))]);
     assert.equal(second.reason, "superseded");
-    assert.equal(order.stop.aborted, true, "no live response left: the watch closes");
+    assert.equal(notices.length, 1, "the last live response stopped: an idle notice");
+    assert.equal(order.stop.aborted, false, "the watch lingers");
+    assert.equal(tracks.unregister(ref, second), undefined, "already idle: no second notice");
+    const [notice] = notices;
+    assert.ok(notice);
+    tracks.lingerOver(notice);
+    assert.equal(order.stop.aborted, true, "closed once the linger is over");
+    assert.equal(tracks.watched("s"), false);
     const replayed = new Liveness(20n);
-    const again = tracks.register(ref, replayed, 30n, false);
+    const again = tracks.register(ref, replayed, 30n, false).order;
     assert.ok(again, "a new watch");
     assert.deepEqual([again.afterRevision, again.expectStarted], [30n, undefined]);
+    tracks.lingerOver(notice);
+    assert.equal(again.stop.aborted, false, "a stale notice closes nothing");
+  });
+
+  void test("a Start inside the linger reuses the watch, and the stale linger changes nothing", () => {
+    const tracks = new Tracks();
+    const ref = tracks.track("s");
+    const first = new Liveness(10n);
+    const { order } = tracks.register(ref, first, 1n, true);
+    assert.ok(order);
+    first.stop("finished");
+    const notice = tracks.unregister(ref, first);
+    assert.ok(notice, "idle while the watch is open");
+    const next = new Liveness(11n);
+    assert.deepEqual(tracks.register(ref, next, 3n, true), { order: undefined, idle: undefined }, "no Watch call: the open one is reused");
+    tracks.lingerOver(notice);
+    assert.equal(order.stop.aborted, false, "a response registered since: the watch stays");
+    assert.equal(next.isCurrent(), true);
+    tracks.apply([event("s", 4n, cancelRequested(11n, pb.CancelReason.CANCEL_REASON_REQUESTED))]);
+    assert.equal(next.reason, "cancelled", "the reused watch delivers the stop");
+    assert.equal(tracks.watched("s"), true);
+  });
+
+  void test("a response stopped at once on an idle watched session begins the linger again", () => {
+    const tracks = new Tracks();
+    const ref = tracks.track("s");
+    const first = new Liveness(10n);
+    const { order } = tracks.register(ref, first, 1n, true);
+    assert.ok(order);
+    const [notice] = tracks.apply([event("s", 2n, cancelRequested(10n, pb.CancelReason.CANCEL_REASON_REQUESTED))]);
+    assert.ok(notice);
+    const late = new Liveness(10n);
+    const refused = tracks.register(ref, late, 1n, false);
+    assert.equal(late.reason, "cancelled");
+    assert.equal(refused.order, undefined);
+    assert.ok(refused.idle, "a fresh notice: the registration moved the generation");
+    assert.ok(refused.idle.generation > notice.generation);
+    tracks.lingerOver(notice);
+    assert.equal(order.stop.aborted, false, "the older notice is stale");
+    tracks.lingerOver(refused.idle);
+    assert.equal(order.stop.aborted, true);
+  });
+
+  void test("a track outlives its last handle while its watch lingers, and goes after", () => {
+    const tracks = new Tracks();
+    const ref = tracks.track("s");
+    const response = new Liveness(5n);
+    const { order } = tracks.register(ref, response, 1n, true);
+    assert.ok(order);
+    const [notice] = tracks.apply([event("s", 3n, cancelRequested(5n, pb.CancelReason.CANCEL_REASON_REQUESTED))]);
+    assert.ok(notice);
     ref.release();
-    assert.equal(again.stop.aborted, true, "the track went with its last reference");
+    assert.equal(tracks.deadThrough("s"), 5n, "kept while the watch lingers");
+    // A Start inside the linger of the same, already stopped response (a replay) is stopped at once.
+    const again = tracks.track("s");
+    const late = new Liveness(5n);
+    const refused = tracks.register(again, late, 3n, false);
+    assert.equal(late.reason, "cancelled", "deadThrough outlived the handle");
+    again.release();
+    assert.ok(refused.idle);
+    tracks.lingerOver(refused.idle);
+    assert.equal(order.stop.aborted, true);
+    assert.equal(tracks.deadThrough("s"), undefined, "forgotten after the linger");
+    assert.equal(tracks.size, 0);
+  });
+
+  void test("a watch opened ahead reads first and lingers from then", () => {
+    const tracks = new Tracks();
+    const ahead = tracks.openWatch("s");
+    assert.ok(ahead.order, "a watch");
+    assert.deepEqual([ahead.order.afterRevision, ahead.order.expectStarted], [undefined, undefined], "read first, no proof");
+    assert.ok(ahead.idle, "nothing registered: it lingers from now");
+    assert.equal(tracks.size, 1, "tracked without a handle");
+    const again = tracks.openWatch("s");
+    assert.equal(again.order, undefined, "already open");
+    assert.ok(again.idle, "the linger begins again");
+    const ref = tracks.track("s");
+    const response = new Liveness(3n);
+    assert.deepEqual(tracks.register(ref, response, 1n, true), { order: undefined, idle: undefined }, "the first Start reuses it");
+    tracks.lingerOver(ahead.idle);
+    tracks.lingerOver(again.idle);
+    assert.equal(ahead.order.stop.aborted, false, "stale lingers close nothing");
+    assert.equal(tracks.openWatch("s").idle, undefined, "a response is live: no linger");
+    ref.release();
+    response.stop("finished");
+    const notice = tracks.unregister(ref, response);
+    assert.ok(notice);
+    tracks.lingerOver(notice);
+    assert.equal(ahead.order.stop.aborted, true);
+    assert.equal(tracks.size, 0, "no handle holds it: forgotten");
+  });
+
+  void test("a read judges every Start it reached, whenever that Start registered", () => {
+    const tracks = new Tracks();
+    const { order } = tracks.openWatch("s");
+    assert.ok(order);
+    const ref = tracks.track("s");
+    const ticket = tracks.ticket();
+    // Answered after the read was sent, registered before its answer: the ticket cannot judge it, its revision can.
+    const answeredLate = new Liveness(4n);
+    tracks.register(ref, answeredLate, 4n, true);
+    const notice = tracks.applyState("s", sessionState("s", pb.Phase.PHASE_IDLE, 0n, 5n), ticket);
+    assert.equal(answeredLate.reason, "gone", "the read saw its Start and no live response");
+    assert.ok(notice, "it left the session idle with its watch open");
+    // Registered after the read was applied, with a revision the read reached: the kept read judged it.
+    const afterTheRead = new Liveness(5n);
+    const refused = tracks.register(ref, afterTheRead, 5n, true);
+    assert.equal(afterTheRead.reason, "gone");
+    assert.equal(refused.order, undefined);
+    // A Start past the read is the watch's to judge.
+    const past = new Liveness(6n);
+    tracks.register(ref, past, 6n, true);
+    assert.equal(past.isCurrent(), true);
+  });
+
+  void test("the response a read found live survives registering after it", () => {
+    const tracks = new Tracks();
+    tracks.openWatch("s");
+    const ref = tracks.track("s");
+    tracks.applyState("s", sessionState("s", pb.Phase.PHASE_ACTIVE, 7n, 3n), tracks.ticket());
+    const live = new Liveness(7n);
+    tracks.register(ref, live, 3n, true);
+    assert.equal(live.isCurrent(), true, "the read shows it active");
+    const older = new Liveness(6n);
+    tracks.register(ref, older, 2n, true);
+    assert.equal(older.reason, "superseded", "below the active one");
+  });
+
+  void test("a new watch forgets the read of the one before", () => {
+    const tracks = new Tracks();
+    const ref = tracks.track("s");
+    const ahead = tracks.openWatch("s");
+    assert.ok(ahead.order && ahead.idle);
+    tracks.applyState("s", sessionState("s", pb.Phase.PHASE_IDLE, 0n, 9n), tracks.ticket());
+    tracks.lingerOver(ahead.idle);
+    assert.equal(ahead.order.stop.aborted, true);
+    assert.equal(tracks.size, 1, "held by the handle");
+    const response = new Liveness(3n);
+    const { order } = tracks.register(ref, response, 2n, true);
+    assert.ok(order, "a new watch, with its proof");
+    assert.equal(response.isCurrent(), true, "the read died with its watch");
+  });
+
+  void test("termination ends the lingering watch and the next Start opens another", () => {
+    const tracks = new Tracks();
+    const ref = tracks.track("s");
+    const response = new Liveness(5n);
+    const { order } = tracks.register(ref, response, 1n, true);
+    assert.ok(order);
+    response.stop("finished");
+    assert.ok(tracks.unregister(ref, response), "lingering");
+    assert.deepEqual(tracks.apply([event("s", 3n, terminated(pb.CancelReason.CANCEL_REASON_SHUTDOWN))]), [], "over, not idle");
+    assert.equal(order.stop.aborted, true, "nothing more comes on it");
+    assert.equal(tracks.watched("s"), false);
+    const next = tracks.register(ref, new Liveness(9n), 1n, true).order;
+    assert.ok(next, "a new watch");
+    assert.equal(next.expectStarted, 9n, "with its proof");
+  });
+
+  void test("termination forgets a track held only by its watch", () => {
+    const tracks = new Tracks();
+    const { order } = tracks.openWatch("s");
+    assert.ok(order);
+    tracks.apply([event("s", 3n, terminated(pb.CancelReason.CANCEL_REASON_EXPIRED))]);
+    assert.equal(order.stop.aborted, true);
+    assert.equal(tracks.size, 0);
+  });
+
+  void test("a terminated read stops everything and ends the watch", () => {
+    const tracks = new Tracks();
+    const ref = tracks.track("s");
+    const response = new Liveness(5n);
+    const { order } = tracks.register(ref, response, 4n, true);
+    assert.ok(order);
+    // Sent before the response registered, and at a revision below its Start: it judges nothing, yet nothing lives on.
+    assert.equal(tracks.applyState("s", sessionState("s", pb.Phase.PHASE_TERMINATED, 0n, 2n), 0), undefined);
+    assert.equal(response.reason, "shutdown");
+    assert.equal(order.stop.aborted, true);
   });
 
   void test("a supersede stops the old response and not the new one", () => {
@@ -98,7 +283,7 @@ void describe("fencing table", () => {
     tracks.register(ref, other, 1n, true);
     tracks.apply([event("s", 3n, cancelRequested(30n, pb.CancelReason.CANCEL_REASON_REQUESTED))]);
     const late = new Liveness(30n);
-    assert.equal(tracks.register(ref, late, 2n, true), undefined);
+    assert.equal(tracks.register(ref, late, 2n, true).order, undefined);
     assert.equal(late.reason, "cancelled");
   });
 
@@ -107,7 +292,7 @@ void describe("fencing table", () => {
     const ref = tracks.track("s");
     const a = new Liveness(5n);
     tracks.register(ref, a, 1n, true);
-    tracks.apply([event("s", 2n, { $case: "terminated", value: { reason: pb.CancelReason.CANCEL_REASON_EXPIRED } })]);
+    tracks.apply([event("s", 2n, terminated(pb.CancelReason.CANCEL_REASON_EXPIRED))]);
     assert.equal(a.reason, "expired");
     assert.equal(tracks.deadThrough("s"), 5n, "raised over the stopped ids, not to the event's seq");
     const reborn = new Liveness(100n);
@@ -136,7 +321,7 @@ void describe("fencing table", () => {
     tracks.register(ref, old, 1n, true);
     tracks.register(ref, active, 3n, true);
     const ticket = tracks.ticket();
-    // Registered while the read was on its way: the read cannot judge it.
+    // Registered while the read was on its way, past its revision: the read cannot judge it.
     const later = new Liveness(9n);
     tracks.register(ref, later, 9n, true);
     tracks.applyState("s", sessionState("s", pb.Phase.PHASE_ACTIVE, 6n, 4n), ticket);
@@ -145,23 +330,32 @@ void describe("fencing table", () => {
     assert.equal(later.isCurrent(), true);
     tracks.applyState("s", sessionState("s", pb.Phase.PHASE_IDLE, 0n, 8n), ticket);
     assert.equal(active.reason, "gone");
-    assert.equal(later.isCurrent(), true, "started after the read was sent");
+    assert.equal(later.isCurrent(), true, "started after the read was sent, past its revision");
   });
 
-  void test("a session gone or recreated stops the responses the read covered", () => {
+  void test("a session gone or recreated stops the responses the read covered, by ticket only", () => {
     const tracks = new Tracks();
     const ref = tracks.track("s");
     const lost = new Liveness(5n);
-    const order = tracks.register(ref, lost, 3n, true);
+    const { order } = tracks.register(ref, lost, 3n, true);
     assert.ok(order, "a watch");
     const ticket = tracks.ticket();
-    tracks.applyGone("s", ticket);
+    // Registered after the read was sent: a gone session's revisions judge nothing.
+    const renewed = new Liveness(6n);
+    tracks.register(ref, renewed, 1n, true);
+    assert.equal(tracks.applyGone("s", ticket), undefined, "one still live");
     assert.equal(lost.reason, "gone");
+    assert.equal(renewed.isCurrent(), true);
+    assert.equal(order.stop.aborted, false);
+    const notice = tracks.applyGone("s", tracks.ticket());
+    assert.equal(renewed.reason, "gone");
+    assert.ok(notice, "idle, the watch lingers");
+    tracks.lingerOver(notice);
     assert.equal(order.stop.aborted, true);
-    const terminated = new Liveness(7n);
-    tracks.register(ref, terminated, 1n, true);
+    const stillRegistered = new Liveness(7n);
+    tracks.register(ref, stillRegistered, 1n, true);
     tracks.applyState("s", sessionState("s", pb.Phase.PHASE_TERMINATED, 0n, 2n), tracks.ticket());
-    assert.equal(terminated.reason, "shutdown");
+    assert.equal(stillRegistered.reason, "shutdown");
   });
 
   void test("dead_through only rises: a replayed older event changes nothing", () => {
@@ -198,6 +392,8 @@ class Script implements WatchTransport {
   readonly watches: [readonly pb.WatchResponse[], Then][] = [];
   readonly states: (pb.SessionState | Error)[] = [];
   readonly calls: string[] = [];
+  /** Set: every GetState answers only once it resolves. */
+  hold: Promise<void> | undefined;
 
   openWatch(_sessionId: string, afterRevision: bigint): WatchStream {
     this.calls.push(`watch ${afterRevision}`);
@@ -222,8 +418,9 @@ class Script implements WatchTransport {
     return stream;
   }
 
-  getState(_sessionId: string, signal: AbortSignal): Promise<pb.SessionState> {
+  async getState(_sessionId: string, signal: AbortSignal): Promise<pb.SessionState> {
     this.calls.push("get_state");
+    if (this.hold !== undefined) await this.hold;
     const next = this.states.shift();
     if (next instanceof Error) return Promise.reject(next);
     if (next !== undefined) return Promise.resolve(next);
@@ -241,21 +438,34 @@ function message(events: pb.LifecycleEvent[]): pb.WatchResponse {
 
 const quick = { ...defaultRetryPolicy, attemptTimeoutMs: 100, initialBackoffMs: 1, maxBackoffMs: 5 };
 
-/** Response 10, whose Start reply carried revision 5, and its session's watch running against `script`. */
-function runWatch(script: Script): { response: Liveness; stop: AbortSignal; cells: Cells; done: Promise<void>; close(): Promise<void> } {
+/**
+ * Response 10, whose Start reply carried revision 5, and its session's watch
+ * running against `script` (linger 0 unless given: the watch closes with its
+ * last response).
+ */
+function runWatch(
+  script: Script,
+  lingerMs = 0,
+): { response: Liveness; stop: AbortSignal; cells: Cells; done: Promise<void>; close(): Promise<void> } {
   const tracks = new Tracks();
+  const linger = new Linger(tracks, lingerMs);
   const ref = tracks.track("s");
   const response = new Liveness(10n);
-  const order = tracks.register(ref, response, 5n, true);
+  const { order } = tracks.register(ref, response, 5n, true);
   assert.ok(order, "the first response opens the watch");
   const cells = newCells();
-  const done = new SessionWatch({ transport: script, tracks, retry: quick, cells, order }).run();
+  const done = new SessionWatch({ transport: script, tracks, linger, retry: quick, cells, order }).run();
+  void response.stopped.then(() => {
+    linger.begin(tracks.unregister(ref, response));
+  });
   return {
     response,
     stop: order.stop,
     cells,
     done,
     close: () => {
+      linger.close();
+      tracks.releaseAll();
       ref.release();
       return within("the watch ends once its track is gone", done);
     },
@@ -339,6 +549,90 @@ void describe("session watch", () => {
     await within("the watch ends by itself", running.done);
     assert.deepEqual(script.calls, ["watch 4"]);
   });
+
+  void test("a terminated event ends a lingering watch before its linger is over", async () => {
+    const script = new Script();
+    script.watches.push([
+      [
+        message([event("s", 5n, started(10n))]),
+        message([event("s", 6n, cancelRequested(10n, pb.CancelReason.CANCEL_REASON_REQUESTED))]),
+        message([event("s", 7n, terminated(pb.CancelReason.CANCEL_REASON_SHUTDOWN))]),
+      ],
+      "hang",
+    ]);
+    const running = runWatch(script, 60_000);
+    assert.equal(await within("stopped", running.response.stopped), "cancelled");
+    await within("the watch ends by itself, an hour's linger notwithstanding", running.done);
+    assert.equal(running.stop.aborted, true);
+    assert.deepEqual(script.calls, ["watch 4"]);
+    await running.close();
+  });
+
+  void test("a watch opened ahead of a session that does not exist watches from 0, and the first Start reuses it", async () => {
+    const script = new Script();
+    script.states.push(errorFromStatus({ code: GrpcStatus.NOT_FOUND, details: "no session s" }));
+    let answer!: () => void;
+    script.hold = new Promise((resolve) => {
+      answer = resolve;
+    });
+    script.watches.push([
+      [message([event("s", 1n, started(3n)), event("s", 2n, cancelRequested(3n, pb.CancelReason.CANCEL_REASON_REQUESTED))])],
+      "hang",
+    ]);
+    const tracks = new Tracks();
+    const linger = new Linger(tracks, 0);
+    const ahead = tracks.openWatch("s");
+    assert.ok(ahead.order);
+    assert.equal(ahead.order.afterRevision, undefined, "read first");
+    const cells = newCells();
+    const done = new SessionWatch({ transport: script, tracks, linger, retry: quick, cells, order: ahead.order }).run();
+    assert.deepEqual(script.calls, ["get_state"], "the state is read before any stream");
+    // The session's first Start, answered while the read is on its way.
+    const ref = tracks.track("s");
+    const response = new Liveness(3n);
+    assert.deepEqual(tracks.register(ref, response, 1n, true), { order: undefined, idle: undefined }, "no Watch call of its own");
+    answer();
+    assert.equal(await within("the stop reaches the response", response.stopped), "cancelled");
+    assert.deepEqual(script.calls, ["get_state", "watch 0"], "NOT_FOUND: from the session's first event, no proof asked");
+    assert.equal(response.reason, "cancelled", "not judged gone: it registered after the read was sent");
+    linger.begin(tracks.unregister(ref, response));
+    ref.release();
+    await within("the watch closes with linger 0", done);
+    assert.equal(tracks.size, 0);
+    assert.deepEqual([cells.opened, cells.rereads, cells.reconnects], [1, 1, 0]);
+  });
+
+  void test("a watch opened ahead reads the state, applies it, and watches from its revision", async () => {
+    const script = new Script();
+    script.states.push(sessionState("s", pb.Phase.PHASE_ACTIVE, 2n, 4n));
+    script.watches.push([[message([event("s", 5n, cancelRequested(2n, pb.CancelReason.CANCEL_REASON_REQUESTED))])], "hang"]);
+    const tracks = new Tracks();
+    const ahead = tracks.openWatch("s");
+    assert.ok(ahead.order && ahead.idle);
+    const done = new SessionWatch({
+      transport: script,
+      tracks,
+      linger: new Linger(tracks, 60_000),
+      retry: quick,
+      cells: newCells(),
+      order: ahead.order,
+    }).run();
+    await until("the event is applied", () => tracks.deadThrough("s") === 2n);
+    assert.deepEqual(script.calls, ["get_state", "watch 4"], "from the state's revision; a first event that is no start is fine");
+    // The response the read found active registers late (its Start reply lost in the wire): judged live by the read, stopped by the event.
+    const ref = tracks.track("s");
+    const late = new Liveness(2n);
+    tracks.register(ref, late, 3n, false);
+    assert.equal(late.reason, "cancelled");
+    ref.release();
+    tracks.lingerOver(ahead.idle);
+    assert.equal(ahead.order.stop.aborted, false, "stale: the registration moved the generation");
+    const again = tracks.openWatch("s");
+    assert.ok(again.idle);
+    tracks.lingerOver(again.idle);
+    await within("the watch ends once its linger is over", done);
+    assert.equal(tracks.size, 0);
+  });
 });
 
 void describe("watch pool", () => {
@@ -353,28 +647,72 @@ void describe("watch pool", () => {
       },
       tracks,
       quick,
-      2,
+      { lingerMs: 0, streamsPerConnection: 2 },
     );
     assert.deepEqual(watches.status(), { open: 0, opened: 0, reconnects: 0, rereads: 0, connections: 0 });
-    const refs = ["a", "b", "c", "d", "e"].map((session) => tracks.track(session));
-    for (const [i, ref] of refs.entries()) {
-      const order = tracks.register(ref, new Liveness(BigInt(i + 1)), 1n, true);
+    const held = ["a", "b", "c", "d", "e"].map((session, i) => ({ ref: tracks.track(session), response: new Liveness(BigInt(i + 1)) }));
+    for (const { ref, response } of held) {
+      const { order } = tracks.register(ref, response, 1n, true);
       assert.ok(order);
       watches.open(order);
     }
     assert.equal(watches.status().open, 5);
     assert.equal(watches.status().connections, 3, "2 + 2 + 1 streams");
     assert.equal(connections, 3);
-    for (const ref of refs) ref.release();
+    for (const { ref, response } of held) {
+      response.stop("finished");
+      watches.linger.begin(tracks.unregister(ref, response));
+      ref.release();
+    }
     await within("every watch ends", watches.done());
     assert.equal(watches.status().open, 0);
     const again = tracks.track("f");
-    const order = tracks.register(again, new Liveness(9n), 1n, true);
+    const last = new Liveness(9n);
+    const { order } = tracks.register(again, last, 1n, true);
     assert.ok(order);
     watches.open(order);
     assert.equal(connections, 3, "a freed slot is reused");
+    last.stop("released");
+    watches.linger.begin(tracks.unregister(again, last));
     again.release();
     await within("the last watch ends", watches.done());
+    assert.equal(tracks.size, 0);
+  });
+
+  void test("a watch lingers after its last response; a Start inside the linger reuses it; then it closes", async () => {
+    const script = new Script();
+    script.watches.push([[message([event("s", 1n, started(1n))])], "hang"]);
+    const tracks = new Tracks();
+    const watches = new Watches(() => ({ transport: script, close: () => undefined }), tracks, quick, { lingerMs: 200 });
+    const ref = tracks.track("s");
+    const first = new Liveness(1n);
+    watches.carryOut(tracks.register(ref, first, 1n, true));
+    await until("the stream is open", () => watches.status().opened === 1);
+    first.stop("finished");
+    watches.linger.begin(tracks.unregister(ref, first));
+    assert.equal(watches.status().open, 1, "lingering");
+    const second = new Liveness(2n);
+    watches.carryOut(tracks.register(ref, second, 3n, true));
+    second.stop("finished");
+    watches.linger.begin(tracks.unregister(ref, second));
+    ref.release();
+    assert.deepEqual([watches.status().open, script.calls], [1, ["watch 0"]], "one Watch call for both");
+    await within("the linger closes the watch", watches.done());
+    assert.equal(watches.status().open, 0);
+    assert.equal(tracks.size, 0, "and forgets the track no handle holds");
+  });
+
+  void test("closing clears the lingers' timers", async () => {
+    const script = new Script();
+    script.watches.push([[], "hang"]);
+    const tracks = new Tracks();
+    const watches = new Watches(() => ({ transport: script, close: () => undefined }), tracks, quick, { lingerMs: 60_000 });
+    watches.carryOut(tracks.openWatch("s"));
+    assert.equal(watches.status().open, 1);
+    watches.close();
+    tracks.releaseAll();
+    await within("the watch ends", watches.done());
+    assert.equal(tracks.size, 0);
   });
 });
 

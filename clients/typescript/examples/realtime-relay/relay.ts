@@ -203,6 +203,9 @@ export class Relay {
       socket.close(1008, "invalid session id");
       return;
     }
+    // This relay serves the session from now on: its watch opens ahead, so a
+    // stop right after the first Start needs no Watch set-up.
+    session.openWatch();
     const conn = new Connection(this.#nextConnection, socket, session);
     this.#nextConnection += 1;
     this.#connections.add(conn);
