@@ -50,6 +50,7 @@ type options struct {
 	connectTimeout time.Duration
 	dialOptions    []grpc.DialOption
 	streamsPerConn int
+	watchLinger    time.Duration
 }
 
 // WithToken sends `authorization: Bearer <token>` on every call, the
@@ -94,6 +95,22 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(o *options) { o.dialOptions = append(o.dialOptions, opts...) }
 }
 
+// DefaultWatchLinger is how long a session's watch stays open after the
+// session's last live response of this client ends (or after OpenWatch):
+// long enough to span the gaps between a conversation's turns.
+const DefaultWatchLinger = 30 * time.Second
+
+// WithWatchLinger sets how long a session's watch stays open after the
+// session's last live response of this client ends, or after
+// Session.OpenWatch, whichever is later (default DefaultWatchLinger). A
+// Start within the linger reuses the open watch: no Watch call, no set-up
+// on the stop's path. 0 closes a watch the moment its last response ends
+// (and makes OpenWatch do nothing). Negative is refused by Connect with a
+// *ConfigError naming watch_linger.
+func WithWatchLinger(d time.Duration) Option {
+	return func(o *options) { o.watchLinger = d }
+}
+
 // StreamsPerConnection is how many session watch streams one pooled watch
 // connection carries at most: the server allows 1024 concurrent streams per
 // connection by default, and a gateway with thousands of calls must not
@@ -107,14 +124,20 @@ func withStreamsPerConnection(n int) Option {
 
 // Client is a connection to respcoord: one connection for calls, and a pool
 // of connections of its own for the session watches (one Watch stream per
-// session where this client has a live response). Safe for concurrent use;
-// Close it when done.
+// session where this client has a live response, has called OpenWatch, or
+// lingers after the last one). Safe for concurrent use; Close it when done.
 type Client struct {
-	conn   *grpc.ClientConn
-	raw    pb.ResponseCoordinatorClient
-	retry  RetryPolicy
-	tracks *tracks
-	pool   *watchPool
+	conn        *grpc.ClientConn
+	raw         pb.ResponseCoordinatorClient
+	retry       RetryPolicy
+	tracks      *tracks
+	pool        *watchPool
+	watchLinger time.Duration
+
+	// lingers are the armed linger timers, at most one per session (a
+	// newer notice replaces the older, whose end would be stale anyway).
+	lingerMu sync.Mutex
+	lingers  map[string]*time.Timer
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -140,11 +163,14 @@ func (b bearer) RequireTransportSecurity() bool { return b.secure }
 // the connection until ctx ends or the connect timeout passes, and fails with
 // an *Error of code UNAVAILABLE.
 func Connect(ctx context.Context, target string, opts ...Option) (*Client, error) {
-	o := options{retry: DefaultRetryPolicy(), connectTimeout: 5 * time.Second, streamsPerConn: StreamsPerConnection}
+	o := options{retry: DefaultRetryPolicy(), connectTimeout: 5 * time.Second, streamsPerConn: StreamsPerConnection, watchLinger: DefaultWatchLinger}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	o.retry = o.retry.withDefaults()
+	if o.watchLinger < 0 {
+		return nil, &ConfigError{Option: "watch_linger", Reason: fmt.Sprintf("must not be negative (got %s)", o.watchLinger)}
+	}
 	address, useTLS, err := parseTarget(target, o.tls.set() || o.tlsConfig != nil)
 	if err != nil {
 		return nil, err
@@ -158,11 +184,13 @@ func Connect(ctx context.Context, target string, opts ...Option) (*Client, error
 		return nil, &ConfigError{Option: "target", Reason: err.Error(), Err: err}
 	}
 	c := &Client{
-		conn:   conn,
-		raw:    pb.NewResponseCoordinatorClient(conn),
-		retry:  o.retry,
-		tracks: newTracks(),
-		closed: make(chan struct{}),
+		conn:        conn,
+		raw:         pb.NewResponseCoordinatorClient(conn),
+		retry:       o.retry,
+		tracks:      newTracks(),
+		watchLinger: o.watchLinger,
+		lingers:     map[string]*time.Timer{},
+		closed:      make(chan struct{}),
 	}
 	c.pool = newWatchPool(c, func() (*grpc.ClientConn, error) { return grpc.NewClient(address, dial...) }, o.streamsPerConn)
 	if o.lazy {
@@ -293,8 +321,8 @@ func (c *Client) Raw() pb.ResponseCoordinatorClient { return c.raw }
 
 // Session is a handle on one session. It refuses a malformed id (an *Error
 // with code INVALID_ARGUMENT naming session_id) and sends nothing: a handle
-// is free; the session is watched only while this client has a live
-// response there.
+// is free; the session is watched while this client has a live response
+// there, and for the watch linger after (or from Session.OpenWatch on).
 func (c *Client) Session(id string) (*Session, error) {
 	if err := ValidateSessionID(id); err != nil {
 		return nil, err
@@ -318,14 +346,52 @@ func (c *Client) State(ctx context.Context, sessionID string) (SessionState, err
 // WatchStatus says how this client's session watches are doing.
 func (c *Client) WatchStatus() WatchStatus { return c.pool.status() }
 
-// Close stops every session watch, stops every live response of this client
-// with StopReleased (nothing could learn about their stops any more, so their
-// fences fail closed) and closes every connection. Safe to call twice; calls
-// made afterwards fail with ErrClosed.
+// linger carries out the fencing table's idle notices: a session's watch
+// closes (lingerOver) the linger after its track went idle, unless it was
+// used again since; at once with a linger of 0. Called with none of the
+// table's locks held.
+func (c *Client) linger(idle []idleNotice) {
+	for _, n := range idle {
+		if c.watchLinger == 0 {
+			c.tracks.lingerOver(n.session, n.generation)
+			continue
+		}
+		c.lingerMu.Lock()
+		if c.isClosed() {
+			c.lingerMu.Unlock()
+			return
+		}
+		if old := c.lingers[n.session]; old != nil {
+			old.Stop()
+		}
+		var timer *time.Timer
+		timer = time.AfterFunc(c.watchLinger, func() {
+			c.lingerMu.Lock()
+			if c.lingers[n.session] == timer {
+				delete(c.lingers, n.session)
+			}
+			c.lingerMu.Unlock()
+			c.tracks.lingerOver(n.session, n.generation)
+		})
+		c.lingers[n.session] = timer
+		c.lingerMu.Unlock()
+	}
+}
+
+// Close stops every session watch (lingering ones included), stops every
+// live response of this client with StopReleased (nothing could learn about
+// their stops any more, so their fences fail closed) and closes every
+// connection. Safe to call twice; calls made afterwards fail with ErrClosed.
 func (c *Client) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
 		close(c.closed)
+		c.lingerMu.Lock()
+		for session, timer := range c.lingers {
+			timer.Stop()
+			delete(c.lingers, session)
+		}
+		c.lingerMu.Unlock()
 		c.tracks.releaseAll()
 		c.pool.close()
 		err = c.conn.Close()

@@ -84,7 +84,8 @@ func TestRunEndedByTheCallersContextReleasesTheResponse(t *testing.T) {
 }
 
 func TestAPanickingBodyReleasesItsResponse(t *testing.T) {
-	c := served(t)
+	// Linger 0: the session's watch closes with the released response.
+	c := served(t, respcoord.WithWatchLinger(0))
 	s := session(t, c, "run-panic")
 	var fence respcoord.Fence
 	func() {
@@ -194,7 +195,7 @@ func TestCloseFailsEveryFenceClosedAndLaterCalls(t *testing.T) {
 }
 
 func TestTheWatchPoolAddsAConnectionWhenEveryOneIsFull(t *testing.T) {
-	c := served(t, respcoord.WithStreamsPerConnection(2))
+	c := served(t, respcoord.WithStreamsPerConnection(2), respcoord.WithWatchLinger(200*time.Millisecond))
 	var responses []*respcoord.Response
 	for i := range 5 {
 		responses = append(responses, start(t, session(t, c, fmt.Sprintf("pool-%d", i)), respcoord.SourceClient))
@@ -206,7 +207,7 @@ func TestTheWatchPoolAddsAConnectionWhenEveryOneIsFull(t *testing.T) {
 	for _, r := range responses {
 		r.Release()
 	}
-	until(t, "the last release closes each watch", func() bool { return c.WatchStatus().Open == 0 })
+	until(t, "each watch closes the linger after its last release", func() bool { return c.WatchStatus().Open == 0 })
 }
 
 func TestShutdownRecordsItsSourceOnTheCancel(t *testing.T) {

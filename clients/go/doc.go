@@ -24,9 +24,13 @@
 //     call) and drop it when it is false.
 //
 // How stops are learned: while this client has a live response on a session,
-// it holds one Watch stream on that session, opened from the Start reply's
-// revision so that a stop landing between the reply and the watch is
-// replayed, never missed. The streams share a small pool of connections of
+// it holds one Watch stream on that session, and keeps it open for a linger
+// after the last one ends ([WithWatchLinger], 30 s by default), so the
+// session's next Start reuses it with no Watch call. A session's first Start
+// opens it from the Start reply's revision, so that a stop landing between
+// the reply and the watch is replayed, never missed; [Session.OpenWatch]
+// opens it ahead, when a gateway begins serving a session, so that even the
+// first Start finds it open. The streams share a small pool of connections of
 // their own (at most [StreamsPerConnection] streams each), separate from the
 // connection that carries calls. A broken stream re-reads the session's
 // state (GetState) before reopening, so a stop is learned even across a
@@ -43,7 +47,9 @@
 //   - client.go: Connect, its options, Client, the retried unary call.
 //   - session.go: Session, Response, Fence, Run.
 //   - fencing.go: the fencing table, pure: which of this client's responses
-//     are known to be stopped, fed events and state reads.
+//     are known to be stopped, fed events and state reads; which sessions
+//     are watched (it hands out watch orders and idle notices, never reads a
+//     clock).
 //   - watch.go: the session watches that feed the table, on a pool of
 //     connections.
 //   - retry.go: RetryPolicy and the retry class of every status code.

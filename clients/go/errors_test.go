@@ -199,6 +199,7 @@ func TestTargetsAndTLSSettings(t *testing.T) {
 		{[]Option{WithTLS(TLS{CAFile: "/nonexistent/ca.pem"})}, "tls.ca"},
 		{[]Option{WithToken("  ")}, "token"},
 		{[]Option{WithToken("tab\there")}, "token"},
+		{[]Option{WithWatchLinger(-time.Second)}, "watch_linger"},
 	} {
 		_, err := Connect(context.Background(), "127.0.0.1:1", append(c.opts, WithLazyConnect())...)
 		var ce *ConfigError

@@ -1,10 +1,12 @@
 package respcoord
 
 // The fencing table: per tracked session, which of this client's responses
-// are known to be no longer live. Pure bookkeeping, no I/O: the session
-// watches (watch.go) feed it events and re-read states, and carry out the one
-// effect it asks for, opening or closing a session's watch. This is
-// clients/rust/src/fencing.rs (and the TypeScript and Python ports) in Go.
+// are known to be no longer live. Pure bookkeeping, no I/O, no clock, no
+// goroutines: the session watches (watch.go) feed it events and state
+// reads, and the client carries out what it asks for: open a session's
+// watch (a watchOrder), and arm a linger timer (an idleNotice) whose end
+// comes back as lingerOver. This is clients/rust/src/fencing.rs (and the
+// TypeScript and Python ports) in Go.
 //
 // Per tracked session the client keeps deadThrough: every response id of the
 // session up to it is known to be no longer live. Each event and each state
@@ -24,10 +26,23 @@ package respcoord
 // already covered, replaying events or applying a state read while events
 // arrive is harmless: that is what makes resuming a broken watch simple.
 //
-// A response registers right after its Start reply, and its session's watch
-// replays from the reply's revision, so every event after the Start passes
-// through apply. A response registered after its stop was applied finds
-// id <= deadThrough and is stopped at once: no stop is missed.
+// A response registers right after its Start reply. If its session has no
+// watch, one is opened that replays from the reply's revision; if it has one
+// (open for another response, opened ahead by OpenWatch, or lingering after
+// the last response), that watch is reused and every event after the Start
+// passes through apply all the same. A response registered after its stop
+// was applied finds id <= deadThrough, or a state read that already covered
+// its Start, and is stopped at once: no stop is missed.
+//
+// Which sessions are watched: a session's watch stays open while this client
+// has a live response there, and for the client's linger after the last one
+// ends or after OpenWatch, whichever is later. The table never reads a clock:
+// when a track goes idle with its watch open it hands the caller an
+// idleNotice (session, generation); the caller arms a timer and then calls
+// lingerOver, which closes the watch only if nothing registered and no
+// OpenWatch came since (the generation is unchanged). A track outlives its
+// last reference while its watch lingers, so deadThrough stays known to a
+// Start inside the linger; closing the watch forgets it.
 //
 // One mutex guards the table: its critical sections are short and never
 // block (a liveness's stop only closes a channel and cancels contexts). The
@@ -169,10 +184,18 @@ func (l *liveness) stopReason() StopReason {
 }
 
 // registered is a live response of this client, with the client-wide ticket
-// of its registration.
+// of its registration and its Start reply's revision.
 type registered struct {
-	l      *liveness
-	ticket uint64
+	l        *liveness
+	ticket   uint64
+	revision uint64
+}
+
+// stateRead is the last state read applied while the current watch lives.
+type stateRead struct {
+	revision uint64
+	phase    Phase
+	active   uint64
 }
 
 type track struct {
@@ -182,14 +205,26 @@ type track struct {
 	// reason is why deadThrough last rose (for responses registered late).
 	reason    StopReason
 	responses []registered
-	// watch stops the session's watch; set while responses is not empty.
+	// watch stops the session's watch; set while the watch is open: while
+	// responses is not empty, and while it lingers after.
 	watch context.CancelFunc
+	// generation is bumped by every register and every openWatch: an
+	// idleNotice of an older generation is stale.
+	generation uint64
+	// read is the last state read applied while the current watch lives;
+	// nil when the watch ends, a new one opens, or NOT_FOUND answered.
+	read *stateRead
 }
 
-// watchOrder is what register asks its caller to do: open the session's
-// watch, which runs until ctx is done.
+// watchOrder is what register and openWatch ask their caller to do: open the
+// session's watch, which runs until ctx is done.
 type watchOrder struct {
 	session string
+	// readFirst: a watch opened ahead (openWatch) begins with a state read,
+	// as a resume does, and streams from the state's revision (from the
+	// session's first event on NOT_FOUND); afterRevision and expectStarted
+	// are then unused.
+	readFirst bool
 	// afterRevision is the Watch's after_revision.
 	afterRevision uint64
 	// expectStarted, when not 0, is the response whose started event must
@@ -197,6 +232,14 @@ type watchOrder struct {
 	// session the Start was applied to, not one recreated since.
 	expectStarted uint64
 	ctx           context.Context
+}
+
+// idleNotice says a session's track went idle (no registered response) with
+// its watch open, at generation: the caller arms the linger and then calls
+// lingerOver(session, generation).
+type idleNotice struct {
+	session    string
+	generation uint64
 }
 
 // tracks are the sessions this client tracks, shared by handles and watches.
@@ -230,6 +273,37 @@ func (t *tracks) haltLocked(l *liveness, reason StopReason) {
 
 func newTracks() *tracks { return &tracks{m: map[string]*track{}} }
 
+// trackLocked is the session's track, made if it has none.
+func (t *tracks) trackLocked(session string) *track {
+	tr := t.m[session]
+	if tr == nil {
+		tr = &track{reason: StopGone}
+		t.m[session] = tr
+	}
+	return tr
+}
+
+// idleLocked is the notice to hand out when tr is idle with its watch open.
+func idleLocked(session string, tr *track) []idleNotice {
+	if tr.watch == nil || len(tr.responses) > 0 {
+		return nil
+	}
+	return []idleNotice{{session: session, generation: tr.generation}}
+}
+
+// closeWatchLocked ends the session's watch (if open) and forgets the track
+// when nothing holds it.
+func (t *tracks) closeWatchLocked(session string, tr *track) {
+	if tr.watch != nil {
+		tr.watch()
+		tr.watch = nil
+	}
+	tr.read = nil
+	if tr.refs <= 0 && t.m[session] == tr {
+		delete(t.m, session)
+	}
+}
+
 func below(x uint64) uint64 {
 	if x > 0 {
 		return x - 1
@@ -243,15 +317,11 @@ func below(x uint64) uint64 {
 func (t *tracks) track(session string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	tr := t.m[session]
-	if tr == nil {
-		tr = &track{reason: StopGone}
-		t.m[session] = tr
-	}
-	tr.refs++
+	t.trackLocked(session).refs++
 }
 
-// release drops one reference; the last one forgets the session.
+// release drops one reference; the last one forgets the session, unless its
+// watch is open (lingering): lingerOver forgets it then.
 func (t *tracks) release(session string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -263,70 +333,112 @@ func (t *tracks) releaseLocked(session string, tr *track) {
 		return
 	}
 	tr.refs--
-	if tr.refs <= 0 {
-		if tr.watch != nil {
-			tr.watch()
-			tr.watch = nil
-		}
-		if t.m[session] == tr {
-			delete(t.m, session)
-		}
+	if tr.refs <= 0 && tr.watch == nil && t.m[session] == tr {
+		delete(t.m, session)
 	}
 }
 
 // register adds a started response whose Start reply carried revision, and
 // takes over the reference track took. fresh: the reply was not a replay,
 // so the response's started event is at revision. It stops the response at
-// once if a watch already saw its end, and returns the watch to open when
-// the session has none.
-func (t *tracks) register(session string, l *liveness, revision uint64, fresh bool) *watchOrder {
+// once if a watch already saw its end (deadThrough), or if a state read
+// applied to the current watch already covered its Start (revision <= the
+// read's) and did not find it active. It returns the watch to open when the
+// session has none (an open one is reused), and the idle notice when the
+// response was stopped at once on a session whose watch is open.
+func (t *tracks) register(session string, l *liveness, revision uint64, fresh bool) (*watchOrder, []idleNotice) {
 	t.mu.Lock()
 	defer t.unlock()
 	tr := t.m[session]
 	if tr == nil {
 		t.haltLocked(l, StopReleased)
-		return nil
+		return nil, nil
 	}
 	if t.closed {
 		t.haltLocked(l, StopReleased)
 	} else if l.id <= tr.deadThrough {
 		t.haltLocked(l, tr.reason)
+	} else if r := tr.read; r != nil && revision <= r.revision && (r.phase != PhaseActive || r.active != l.id) {
+		t.haltLocked(l, StopGone)
 	}
+	tr.generation++
 	if !l.current.Load() {
+		idle := idleLocked(session, tr)
+		if t.closed {
+			idle = nil
+		}
 		t.releaseLocked(session, tr)
-		return nil
+		return nil, idle
 	}
 	t.tickets++
-	tr.responses = append(tr.responses, registered{l: l, ticket: t.tickets})
+	tr.responses = append(tr.responses, registered{l: l, ticket: t.tickets, revision: revision})
 	if tr.watch != nil {
-		return nil
+		return nil, nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	tr.watch = cancel
+	tr.read = nil
 	order := &watchOrder{session: session, afterRevision: revision, ctx: ctx}
 	if fresh {
 		order.afterRevision = below(revision)
 		order.expectStarted = l.id
 	}
-	return order
+	return order, nil
+}
+
+// openWatch opens the session's watch ahead of a Start (tracking the session
+// if it is not): an order to read the state first when it has no watch, and
+// the idle notice when nothing is registered, which restarts the linger of
+// an open watch. Nothing once the client is closing.
+func (t *tracks) openWatch(session string) (*watchOrder, []idleNotice) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, nil
+	}
+	tr := t.trackLocked(session)
+	tr.generation++
+	var order *watchOrder
+	if tr.watch == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		tr.watch = cancel
+		tr.read = nil
+		order = &watchOrder{session: session, readFirst: true, ctx: ctx}
+	}
+	return order, idleLocked(session, tr)
+}
+
+// lingerOver is the end of the linger an idleNotice of generation armed:
+// unless a response registered or openWatch came since (the generation
+// moved) or one is registered, the session's watch closes and the track is
+// forgotten when nothing holds it.
+func (t *tracks) lingerOver(session string, generation uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tr := t.m[session]
+	if tr == nil || tr.generation != generation || len(tr.responses) > 0 || tr.watch == nil {
+		return
+	}
+	t.closeWatchLocked(session, tr)
 }
 
 // unregister removes a response stopped locally (finished, released) and
-// drops its reference; the session's last one closes its watch.
-func (t *tracks) unregister(session string, l *liveness) {
+// drops its reference; the idle notice when the session's last one went.
+func (t *tracks) unregister(session string, l *liveness) []idleNotice {
 	t.mu.Lock()
 	defer t.unlock()
 	tr := t.m[session]
 	if tr == nil {
-		return
+		return nil
 	}
-	t.stopWhereLocked(session, tr, "", func(r registered) bool { return r.l == l })
+	return t.stopWhereLocked(session, tr, "", func(r registered) bool { return r.l == l })
 }
 
 // stopWhereLocked stops (reason "" leaves them as they are) and removes the
 // registered responses which selects, raising deadThrough over them, and
-// drops their references.
-func (t *tracks) stopWhereLocked(session string, tr *track, reason StopReason, which func(registered) bool) {
+// drops their references. It returns the idle notice when that left the
+// track idle with its watch open.
+func (t *tracks) stopWhereLocked(session string, tr *track, reason StopReason, which func(registered) bool) []idleNotice {
 	var highest uint64
 	removed := 0
 	kept := tr.responses[:0]
@@ -347,27 +459,32 @@ func (t *tracks) stopWhereLocked(session string, tr *track, reason StopReason, w
 		tr.deadThrough = highest
 		tr.reason = reason
 	}
-	if len(tr.responses) == 0 && tr.watch != nil {
-		tr.watch()
-		tr.watch = nil
-	}
 	for range removed {
 		t.releaseLocked(session, tr)
 	}
+	if removed == 0 {
+		return nil
+	}
+	return idleLocked(session, tr)
 }
 
-func (t *tracks) raiseLocked(session string, tr *track, through uint64, reason StopReason) {
+func (t *tracks) raiseLocked(session string, tr *track, through uint64, reason StopReason) []idleNotice {
 	if through > tr.deadThrough {
 		tr.deadThrough = through
 		tr.reason = reason
 	}
-	t.stopWhereLocked(session, tr, reason, func(r registered) bool { return r.l.id <= through })
+	return t.stopWhereLocked(session, tr, reason, func(r registered) bool { return r.l.id <= through })
 }
 
-// apply applies one WatchResponse's events.
-func (t *tracks) apply(events []*pb.LifecycleEvent) {
+// apply applies one WatchResponse's events; it returns the idle notices of
+// the sessions whose last registered response they stopped. After
+// terminated the session's stream ends, so its watch is over: the track has
+// no watch (a later Start opens a new one, with proof) and is forgotten
+// when nothing holds it.
+func (t *tracks) apply(events []*pb.LifecycleEvent) []idleNotice {
 	t.mu.Lock()
 	defer t.unlock()
+	var idle []idleNotice
 	for _, e := range events {
 		session := e.GetSessionId()
 		tr := t.m[session]
@@ -376,19 +493,22 @@ func (t *tracks) apply(events []*pb.LifecycleEvent) {
 		}
 		switch kind := e.GetKind().(type) {
 		case *pb.LifecycleEvent_Started:
-			t.raiseLocked(session, tr, below(kind.Started.GetResponseId()), StopSuperseded)
+			idle = append(idle, t.raiseLocked(session, tr, below(kind.Started.GetResponseId()), StopSuperseded)...)
 		case *pb.LifecycleEvent_CancelRequested:
-			t.raiseLocked(session, tr, kind.CancelRequested.GetResponseId(), StopReasonFromCancel(kind.CancelRequested.GetReason()))
+			idle = append(idle, t.raiseLocked(session, tr, kind.CancelRequested.GetResponseId(), StopReasonFromCancel(kind.CancelRequested.GetReason()))...)
 		case *pb.LifecycleEvent_Ended:
 			reason := StopEnded
 			if kind.Ended.GetStatus() == pb.TerminalStatus_TERMINAL_STATUS_CANCELLED {
 				reason = StopReasonFromCancel(kind.Ended.GetReason())
 			}
-			t.raiseLocked(session, tr, kind.Ended.GetResponseId(), reason)
+			idle = append(idle, t.raiseLocked(session, tr, kind.Ended.GetResponseId(), reason)...)
 		case *pb.LifecycleEvent_Terminated:
 			t.stopWhereLocked(session, tr, StopReasonFromCancel(kind.Terminated.GetReason()), func(registered) bool { return true })
+			t.closeWatchLocked(session, tr)
+			idle = slices.DeleteFunc(idle, func(n idleNotice) bool { return n.session == session })
 		}
 	}
+	return idle
 }
 
 // ticket is the registration ticket now: take it before sending a state
@@ -399,42 +519,72 @@ func (t *tracks) ticket() uint64 {
 	return t.tickets
 }
 
-// applyState applies a state read of session sent at ticket.
-func (t *tracks) applyState(session string, s SessionState, ticket uint64) {
+// applyState applies a state read of session sent at ticket, and keeps it as
+// the track's read. The read covers every response registered up to ticket,
+// and every response whose Start reply's revision is at or below the
+// state's (a Start answered after the read was sent but registered before
+// its answer came). It returns the idle notice when it stopped the
+// session's last registered response, and retake: a response registered
+// while the read was out is not covered by it, so the caller must read
+// again (see retakeLocked).
+func (t *tracks) applyState(session string, s SessionState, ticket uint64) (idle []idleNotice, retake bool) {
 	t.mu.Lock()
 	defer t.unlock()
 	tr := t.m[session]
 	if tr == nil {
-		return
+		return nil, false
 	}
-	read := func(r registered) bool { return r.ticket <= ticket }
+	covered := func(r registered) bool { return r.ticket <= ticket || r.revision <= s.Revision }
 	switch s.Phase {
 	case PhaseActive:
 		active := s.ResponseID
-		t.raiseLocked(session, tr, below(active), StopSuperseded)
-		if tr = t.m[session]; tr != nil {
-			t.stopWhereLocked(session, tr, StopGone, func(r registered) bool { return read(r) && r.l.id != active })
-		}
+		idle = t.raiseLocked(session, tr, below(active), StopSuperseded)
+		idle = append(idle, t.stopWhereLocked(session, tr, StopGone, func(r registered) bool { return covered(r) && r.l.id != active })...)
 	case PhaseTerminated:
-		t.stopWhereLocked(session, tr, StopShutdown, read)
+		idle = t.stopWhereLocked(session, tr, StopShutdown, covered)
 	default:
-		t.stopWhereLocked(session, tr, StopGone, read)
+		idle = t.stopWhereLocked(session, tr, StopGone, covered)
 	}
+	if t.m[session] == tr {
+		tr.read = &stateRead{revision: s.Revision, phase: s.Phase, active: s.ResponseID}
+	}
+	return idle, retakeLocked(tr, func(r registered) bool { return !covered(r) })
+}
+
+// retakeLocked: a response which selects registered while the read was out
+// and the read does not cover. Its Start was answered before it registered,
+// but the read may have been answered by another incarnation of the session
+// (the coordinator restarted, or the session was forgotten and created
+// anew, while the read was out): then the stream the read positions will
+// never mention it. A read sent now, after its registration, decides it by
+// its ticket, whichever incarnation answers: it is the active response, or
+// it is stopped.
+func retakeLocked(tr *track, which func(registered) bool) bool {
+	return slices.ContainsFunc(tr.responses, which)
 }
 
 // applyGone: a read sent at ticket found the session missing (or
-// recreated): the responses it covered belong to a session that is gone.
-func (t *tracks) applyGone(session string, ticket uint64) {
+// recreated): the responses it covered (by ticket only: the revisions of a
+// session that is gone mean nothing) belong to a session that is gone, and
+// the track's read is cleared. It returns the idle notice when it stopped
+// the session's last registered response, and retake: a response
+// registered while the read was out, which the read cannot decide.
+func (t *tracks) applyGone(session string, ticket uint64) (idle []idleNotice, retake bool) {
 	t.mu.Lock()
 	defer t.unlock()
-	if tr := t.m[session]; tr != nil {
-		t.stopWhereLocked(session, tr, StopGone, func(r registered) bool { return r.ticket <= ticket })
+	tr := t.m[session]
+	if tr == nil {
+		return nil, false
 	}
+	tr.read = nil
+	idle = t.stopWhereLocked(session, tr, StopGone, func(r registered) bool { return r.ticket <= ticket })
+	return idle, retakeLocked(tr, func(registered) bool { return true })
 }
 
-// releaseAll stops every tracked response as released and closes every
-// watch: the client is closing, nothing can learn about stops any more.
-// Later registrations are released at once.
+// releaseAll stops every tracked response as released, closes every watch
+// and forgets every track: the client is closing, nothing can learn about
+// stops any more. Later registrations are released at once, and openWatch
+// does nothing.
 func (t *tracks) releaseAll() {
 	t.mu.Lock()
 	defer t.unlock()
@@ -442,6 +592,11 @@ func (t *tracks) releaseAll() {
 	for _, session := range slices.Collect(maps.Keys(t.m)) {
 		if tr := t.m[session]; tr != nil {
 			t.stopWhereLocked(session, tr, StopReleased, func(registered) bool { return true })
+			if tr.watch != nil {
+				tr.watch()
+				tr.watch = nil
+			}
+			delete(t.m, session)
 		}
 	}
 }

@@ -59,6 +59,12 @@ func (s scenario) number(t testing.TB, name string) int {
 	return int(v)
 }
 
+// lingerOf is the scenario's `linger_ms` as a client option.
+func (s scenario) lingerOf(t testing.TB) respcoord.Option {
+	t.Helper()
+	return respcoord.WithWatchLinger(time.Duration(s.number(t, "linger_ms")) * time.Millisecond)
+}
+
 func (s scenario) text(t testing.TB, name string) string {
 	t.Helper()
 	v, ok := s.Params[name].(string)
@@ -322,7 +328,9 @@ var implementations = map[string]func(t *testing.T, s scenario){
 
 	"watch_broken_and_resumed": func(t *testing.T, _ scenario) {
 		server := startFixture(t)
-		a, b := connect(t, server.Proxy), connect(t, server.Grpc)
+		// Linger 0: the watch closes with its last response, as this
+		// scenario expects.
+		a, b := connect(t, server.Proxy, respcoord.WithWatchLinger(0)), connect(t, server.Grpc)
 		response := start(t, session(t, a, "broken-watch"), respcoord.SourceClient)
 		until(t, "A's session watch is open", func() bool { return a.WatchStatus().Opened == 1 })
 		before := a.WatchStatus()
@@ -420,6 +428,11 @@ var implementations = map[string]func(t *testing.T, s scenario){
 		rounds, sessions := s.number(t, "rounds"), s.number(t, "sessions")
 		server := startFixture(t)
 		a, b := connect(t, server.Grpc), connect(t, server.Grpc)
+		// A serves these sessions: it opens their watches ahead.
+		for i := range sessions {
+			session(t, a, fmt.Sprintf("latency-%d", i)).OpenWatch()
+		}
+		until(t, "A's watches are open", func() bool { return a.WatchStatus().Opened == sessions })
 		samples := make([]time.Duration, 0, rounds)
 		for round := range rounds {
 			name := fmt.Sprintf("latency-%d", round%sessions)
@@ -444,6 +457,8 @@ var implementations = map[string]func(t *testing.T, s scenario){
 			check(t, within(t, "B's call returns", calls, patience) == nil, "round %d: B's call failed", round)
 			check(t, out.err == nil && out.result.Kind == respcoord.RunStopped, "round %d: %+v, %v", round, out.result, out.err)
 		}
+		st := a.WatchStatus()
+		check(t, st.Opened == sessions, "%d watches opened in all, every later round reusing its session's: %+v", sessions, st)
 		sortDurations(samples)
 		line := fmt.Sprintf("cancel propagation (go, %d rounds, B's call to A's run returning): p50 %s, p99 %s, max %s",
 			rounds, ms(percentile(samples, 50)), ms(percentile(samples, 99)), ms(samples[len(samples)-1]))
@@ -451,9 +466,9 @@ var implementations = map[string]func(t *testing.T, s scenario){
 		t.Log(line)
 	},
 
-	"session_watch_follows_live_responses": func(t *testing.T, _ scenario) {
+	"session_watch_follows_live_responses": func(t *testing.T, s scenario) {
 		server := startFixture(t)
-		a, b := connect(t, server.Grpc), connect(t, server.Grpc)
+		a, b := connect(t, server.Grpc, s.lingerOf(t)), connect(t, server.Grpc)
 		x, y := session(t, a, "follow-x"), session(t, a, "follow-y")
 		st := a.WatchStatus()
 		check(t, st.Open == 0 && st.Opened == 0, "handles alone: %+v", st)
@@ -464,16 +479,19 @@ var implementations = map[string]func(t *testing.T, s scenario){
 		until(t, "both watches are open", func() bool { return a.WatchStatus().Opened == 2 })
 		finished, err := onX.Finish(bg(), respcoord.TerminalCompleted)
 		check(t, err == nil && finished.Outcome == respcoord.FinishApplied, "X's Finish: %+v, %v", finished, err)
-		until(t, "X's watch closes after its Finish", func() bool { return a.WatchStatus().Open == 1 })
+		start(t, session(t, b, "follow-y"), respcoord.SourceVAD)
+		check(t, stopped(t, "Y's response is superseded", onY) == respcoord.StopSuperseded, "Y: %q", onY.StopReason())
+		st = a.WatchStatus()
+		check(t, st.Open == 2 && st.Opened == 2, "right after X's Finish and Y's stop, both watches linger: %+v", st)
+		until(t, "no watch once the linger is over", func() bool { return a.WatchStatus().Open == 0 })
+		check(t, a.WatchStatus().Opened == 2, "still 2 opened: %+v", a.WatchStatus())
 		// Traffic on a session A has nothing live in reaches A not at all.
 		z := session(t, b, "follow-z")
 		for range 5 {
 			start(t, z, respcoord.SourceVAD)
 		}
-		check(t, a.WatchStatus().Opened == 2, "no watch of Z, nor of everything: %+v", a.WatchStatus())
-		start(t, session(t, b, "follow-y"), respcoord.SourceVAD)
-		check(t, stopped(t, "Y's response is superseded", onY) == respcoord.StopSuperseded, "Y: %q", onY.StopReason())
-		until(t, "no watch once nothing is live", func() bool { return a.WatchStatus().Open == 0 })
+		st = a.WatchStatus()
+		check(t, st.Open == 0 && st.Opened == 2, "no watch of Z, nor of everything: %+v", st)
 	},
 
 	"stop_between_start_reply_and_watch": func(t *testing.T, _ scenario) {
@@ -493,7 +511,7 @@ var implementations = map[string]func(t *testing.T, s scenario){
 	"hundreds_of_sessions_on_one_client": func(t *testing.T, s scenario) {
 		sessions := s.number(t, "sessions")
 		server := startFixture(t)
-		a, b := connect(t, server.Grpc), connect(t, server.Grpc)
+		a, b := connect(t, server.Grpc, s.lingerOf(t)), connect(t, server.Grpc)
 		responses := make([]*respcoord.Response, 0, sessions)
 		for i := range sessions {
 			responses = append(responses, start(t, session(t, a, fmt.Sprintf("many-%d", i)), respcoord.SourceClient))
@@ -505,9 +523,83 @@ var implementations = map[string]func(t *testing.T, s scenario){
 		for _, r := range responses {
 			check(t, stopped(t, "every response is superseded", r) == respcoord.StopSuperseded, "response %d: %q", r.ID(), r.StopReason())
 		}
-		until(t, "no watch once nothing is live", func() bool { return a.WatchStatus().Open == 0 })
+		until(t, "no watch once the linger after the last response is over", func() bool { return a.WatchStatus().Open == 0 })
 		st := a.WatchStatus()
 		check(t, st.Connections == 1, "%d streams fit one pooled connection: %+v", sessions, st)
+	},
+
+	"watch_lingers_across_responses": func(t *testing.T, s scenario) {
+		server := startFixture(t)
+		a, b := connect(t, server.Grpc, s.lingerOf(t)), connect(t, server.Grpc)
+		l := session(t, a, "linger")
+		first := start(t, l, respcoord.SourceClient)
+		until(t, "L's watch is open", func() bool { return a.WatchStatus().Opened == 1 })
+		finished, err := first.Finish(bg(), respcoord.TerminalCompleted)
+		check(t, err == nil && finished.Outcome == respcoord.FinishApplied, "the first Finish: %+v, %v", finished, err)
+		st := a.WatchStatus()
+		check(t, st.Open == 1 && st.Opened == 1, "after the first Finish: %+v", st)
+		second := start(t, l, respcoord.SourceClient)
+		st = a.WatchStatus()
+		check(t, st.Open == 1 && st.Opened == 1, "after the second Start, no new Watch call: %+v", st)
+		start(t, session(t, b, "linger"), respcoord.SourceVAD)
+		check(t, stopped(t, "the second response is superseded", second) == respcoord.StopSuperseded, "second: %q", second.StopReason())
+		st = a.WatchStatus()
+		check(t, st.Opened == 1 && st.Rereads == 0, "one watch all along, no state re-read: %+v", st)
+	},
+
+	"open_watch_before_first_start": func(t *testing.T, s scenario) {
+		server := startFixture(t)
+		a, b := connect(t, server.Grpc, s.lingerOf(t)), connect(t, server.Grpc)
+		w := session(t, a, "ahead")
+		w.OpenWatch()
+		check(t, a.WatchStatus().Open == 1, "right after OpenWatch: %+v", a.WatchStatus())
+		until(t, "W's watch stream is open", func() bool { return a.WatchStatus().Opened == 1 })
+		response := start(t, w, respcoord.SourceClient)
+		check(t, a.WatchStatus().Opened == 1, "the Start needed no Watch call: %+v", a.WatchStatus())
+		start(t, session(t, b, "ahead"), respcoord.SourceVAD)
+		check(t, stopped(t, "the response is superseded", response) == respcoord.StopSuperseded, "A: %q", response.StopReason())
+		check(t, a.WatchStatus().Opened == 1, "still one watch: %+v", a.WatchStatus())
+	},
+
+	"stop_right_after_start_reply": func(t *testing.T, s scenario) {
+		rounds := s.number(t, "rounds")
+		server := startFixture(t)
+		a, b := connect(t, server.Grpc), connect(t, server.Grpc)
+		run := time.Now().UnixNano()
+		var ahead, cold []time.Duration
+		for round := range rounds {
+			sess := session(t, a, fmt.Sprintf("quick-%d-%d", run, round))
+			if round%2 == 0 {
+				opened := a.WatchStatus().Opened
+				sess.OpenWatch()
+				until(t, "the watch opened ahead is open", func() bool { return a.WatchStatus().Opened > opened })
+			}
+			response := start(t, sess, respcoord.SourceClient)
+			other := session(t, b, sess.ID())
+			began := time.Now()
+			calls := make(chan error, 1)
+			go func() {
+				_, err := other.CancelIf(bg(), respcoord.SourceClient, response.ID())
+				calls <- err
+			}()
+			within(t, "A's response stops", response.Done(), patience)
+			took := time.Since(began)
+			check(t, within(t, "B's cancel returns", calls, patience) == nil, "round %d: B's cancel failed", round)
+			check(t, response.StopReason() == respcoord.StopCancelled, "round %d: %q", round, response.StopReason())
+			if round%2 == 0 {
+				ahead = append(ahead, took)
+			} else {
+				cold = append(cold, took)
+			}
+		}
+		summary := func(samples []time.Duration) string {
+			sortDurations(samples)
+			return fmt.Sprintf("p50 %s, p99 %s, max %s", ms(percentile(samples, 50)), ms(percentile(samples, 99)), ms(samples[len(samples)-1]))
+		}
+		line := fmt.Sprintf("stop after start (go, %d rounds, B's cancel right after A's Start reply to A's response stopped): watch opened ahead %s; not ahead %s",
+			rounds, summary(ahead), summary(cold))
+		fmt.Println(line)
+		t.Log(line)
 	},
 }
 

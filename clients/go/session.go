@@ -9,9 +9,10 @@ import (
 )
 
 // Session is a handle on one session, from Client.Session. Cheap: the client
-// tracks a session while a Start on it is in flight or a response of it is
-// live, and watches it (one Watch stream) only while a response of it is
-// live. Safe for concurrent use.
+// tracks a session while a Start on it is in flight, a response of it is
+// live, or its watch is open, and watches it (one Watch stream) while a
+// response of it is live and for the client's watch linger after (see
+// WithWatchLinger and OpenWatch). Safe for concurrent use.
 type Session struct {
 	client *Client
 	id     string
@@ -63,7 +64,8 @@ func (s *Session) Start(ctx context.Context, source Source, opts ...StartOption)
 	}
 	c := s.client
 	// Tracked while the Start is in flight; nothing else is sent before the
-	// Start: the session's watch opens after the reply, from its revision.
+	// Start: the session's watch, unless already open (OpenWatch, another
+	// live response, the linger), opens after the reply, from its revision.
 	c.tracks.track(s.id)
 	reply, err := call(ctx, c, c.raw.Start, &pb.StartRequest{SessionId: s.id, Source: source.wire(), RequestId: requestID}, true)
 	if err != nil {
@@ -84,12 +86,15 @@ func (s *Session) Start(ctx context.Context, source Source, opts ...StartOption)
 			l.stop(StopGone)
 		}
 	}
-	// The session's watch (if this is its only live response) replays from
-	// the reply's revision: a stop that lands before the watch opens is not
-	// missed. register stops the response at once when the client closed.
-	if order := c.tracks.register(s.id, l, state.Revision, !reply.GetReplayed()); order != nil {
+	// The session's watch, when it has none yet, replays from the reply's
+	// revision: a stop that lands before the watch opens is not missed; an
+	// open watch is reused. register stops the response at once when the
+	// client closed.
+	order, idle := c.tracks.register(s.id, l, state.Revision, !reply.GetReplayed())
+	if order != nil {
 		c.pool.openWatch(order)
 	}
+	c.linger(idle)
 	return &Response{
 		session:    s,
 		l:          l,
@@ -211,6 +216,32 @@ func (s *Session) ShutdownFrom(ctx context.Context, source Source) (CancelResult
 	return CancelResult{CancelledID: reply.GetCancelledResponseId(), State: stateFromWire(reply.GetState())}, nil
 }
 
+// OpenWatch opens the session's watch now, ahead of its Starts, so that
+// even the session's first Start needs no Watch call and a stop that lands
+// right after a Start's reply travels on a stream that is already open. A
+// gateway calls it when it begins serving a session (a call connects, a
+// realtime session opens), before the greeting the user may talk over.
+//
+// It does not wait and sends nothing on the caller's goroutine: the watch
+// reads the session's state (GetState) and then streams from its revision,
+// in the background. The session need not exist yet: the watch then waits
+// for its first event. It counts as activity: the watch stays open for the
+// client's watch linger (WithWatchLinger) after the later of this call and
+// the end of the session's last live response of this client; calling it
+// again restarts the linger. With a linger of 0, or on a closed client, it
+// does nothing.
+func (s *Session) OpenWatch() {
+	c := s.client
+	if c.watchLinger == 0 || c.isClosed() {
+		return
+	}
+	order, idle := c.tracks.openWatch(s.id)
+	if order != nil {
+		c.pool.openWatch(order)
+	}
+	c.linger(idle)
+}
+
 // State reads the session's state (GetState); ErrNotFound when it does not
 // exist.
 func (s *Session) State(ctx context.Context) (SessionState, error) {
@@ -311,7 +342,7 @@ func (r *Response) Finish(ctx context.Context, terminal Terminal) (FinishResult,
 		return FinishResult{Outcome: FinishNotSent, Reason: r.l.stopReason()}, nil
 	}
 	c := r.session.client
-	c.tracks.unregister(r.session.id, r.l)
+	c.linger(c.tracks.unregister(r.session.id, r.l))
 	f.run()
 	reply, err := call(ctx, c, c.raw.Finish, &pb.FinishRequest{SessionId: r.session.id, ResponseId: r.ID(), Status: pb.TerminalStatus(terminal)}, true)
 	if err != nil {
@@ -332,11 +363,13 @@ func (r *Response) Cancel(ctx context.Context, source Source) (bool, error) {
 }
 
 // Release lets go of the handle without Finish: nothing is sent, the fence
-// fails closed (StopReleased) and the session's watch closes if this was its
-// last live response of this client. Idempotent.
+// fails closed (StopReleased) and, if this was the session's last live
+// response of this client, the session's watch closes after the client's
+// watch linger. Idempotent.
 func (r *Response) Release() {
 	if f, stopped := r.l.halt(StopReleased); stopped {
-		r.session.client.tracks.unregister(r.session.id, r.l)
+		c := r.session.client
+		c.linger(c.tracks.unregister(r.session.id, r.l))
 		f.run()
 	}
 }

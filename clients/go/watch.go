@@ -1,16 +1,24 @@
 package respcoord
 
 // Session watches: one Watch stream per session where this client has a live
-// response, opened when the fencing table asks (fencing.go) and closed when
-// it says so, so a gateway's cost follows its own sessions, not the
-// deployment's traffic. This is clients/rust/src/watch.rs in Go.
+// response, has called OpenWatch, or lingers after the last one, opened when
+// the fencing table asks (fencing.go) and closed when it says so, so a
+// gateway's cost follows its own sessions, not the deployment's traffic.
+// This is clients/rust/src/watch.rs in Go.
 //
 // One stream's life:
-//   - Opened with after_revision just below the Start reply's revision, so
-//     the first event is the response's own started: proof that the stream
-//     follows the session the Start was applied to. Anything else first (the
-//     session was recreated since, say after a coordinator restart), or
-//     nothing within an attempt timeout, sends it to a state read.
+//   - Opened for a Start (the session had no watch) with after_revision just
+//     below the Start reply's revision, so the first event is the response's
+//     own started: proof that the stream follows the session the Start was
+//     applied to. Anything else first (the session was recreated since, say
+//     after a coordinator restart), or nothing within an attempt timeout,
+//     sends it to a state read.
+//   - Opened ahead (OpenWatch): the session's state is read first (GetState,
+//     applied to the table as a resume's read is), then the stream opens
+//     from the state's revision; from 0 (the session's first event) when
+//     the session does not exist yet. No proof is expected.
+//   - A Start on a session whose watch is open (another live response,
+//     opened ahead, or lingering) reuses it: no Watch call.
 //   - Every event goes through tracks.apply as it arrives, on the goroutine
 //     that received it (no queue between the socket and the table); the
 //     position is the highest revision seen.
@@ -36,7 +44,8 @@ import (
 // WatchStatus says how a client's session watches are doing.
 type WatchStatus struct {
 	// Open is the session watches running now: one per session with a live
-	// response of this client.
+	// response of this client, opened ahead (Session.OpenWatch), or
+	// lingering after its last response (WithWatchLinger).
 	Open int
 	// Opened counts the Watch streams established so far, reopenings included.
 	Opened int
@@ -44,6 +53,7 @@ type WatchStatus struct {
 	// failed proof.
 	Reconnects int
 	// Rereads counts the session states read (GetState) to resume a watch.
+	// The read that begins a watch opened ahead is not one.
 	Rereads int
 	// Connections is the number of connections in the watch pool.
 	Connections int
@@ -139,6 +149,7 @@ func (p *watchPool) openWatch(order *watchOrder) {
 		ctx:           order.ctx,
 		position:      order.afterRevision,
 		expectStarted: order.expectStarted,
+		readFirst:     order.readFirst,
 	}
 	go func() {
 		defer p.wg.Done()
@@ -172,6 +183,9 @@ type sessionWatch struct {
 	// expectStarted is the response whose started must come first on the
 	// first stream, 0 once proven or replaced by a state read.
 	expectStarted uint64
+	// readFirst: opened ahead, it reads the session's state before its
+	// first stream.
+	readFirst bool
 	// lastErr is the last error a stream or a state read ended with.
 	lastErr error
 }
@@ -191,6 +205,9 @@ var errNoProof = errors.New("respcoord: the watch did not begin with the Start's
 func (w *sessionWatch) run() {
 	failures := 0
 	policy := w.pool.client.retry
+	if w.readFirst && !w.readUntilDone(&failures, false) {
+		return
+	}
 	for {
 		how, progressed := w.follow()
 		if how != endReread || w.ctx.Err() != nil {
@@ -199,19 +216,8 @@ func (w *sessionWatch) run() {
 		if progressed {
 			failures = 0
 		}
-		for {
-			if w.ctx.Err() != nil {
-				return
-			}
-			err := w.reread()
-			if err == nil {
-				break
-			}
-			w.lastErr = err
-			failures++
-			if !sleep(w.ctx, policy.backoff(failures)) {
-				return
-			}
+		if !w.readUntilDone(&failures, true) {
+			return
 		}
 		if !progressed {
 			failures++
@@ -220,6 +226,27 @@ func (w *sessionWatch) run() {
 			}
 		}
 		w.pool.reconnects.Add(1)
+	}
+}
+
+// readUntilDone reads the session's state until a read succeeds (backing off
+// between failures); false if the watch's context ended first. resume: the
+// read resumes a stream (counted in Rereads), rather than beginning a watch
+// opened ahead.
+func (w *sessionWatch) readUntilDone(failures *int, resume bool) bool {
+	for {
+		if w.ctx.Err() != nil {
+			return false
+		}
+		err := w.reread(resume)
+		if err == nil {
+			return true
+		}
+		w.lastErr = err
+		*failures++
+		if !sleep(w.ctx, w.pool.client.retry.backoff(*failures)) {
+			return false
+		}
 	}
 }
 
@@ -287,7 +314,8 @@ func (w *sessionWatch) follow() (how ended, progressed bool) {
 			continue
 		}
 		progressed = true
-		w.pool.client.tracks.apply(events)
+		c := w.pool.client
+		c.linger(c.tracks.apply(events))
 		for _, e := range events {
 			w.position = max(w.position, e.GetRevision())
 			if e.GetTerminated() != nil {
@@ -316,33 +344,52 @@ func startsWith(events []*pb.LifecycleEvent, response, revision uint64) bool {
 
 // reread reads the session's state (GetState, retried under the client's
 // policy), applies it to the fencing table, and moves the position to where
-// the next stream starts.
-func (w *sessionWatch) reread() error {
-	w.pool.rereads.Add(1)
+// the next stream starts. resume: it resumes a stream (counted in Rereads).
+// When a Start registered while the read was out and the read cannot decide
+// it (the table says retake), it reads again.
+func (w *sessionWatch) reread(resume bool) error {
 	// The state read stands in for the proof of the Start from here on.
 	w.expectStarted = 0
-	t := w.pool.client.tracks
-	ticket := t.ticket()
-	reply, err := withRetry(w.ctx, w.pool.client.retry, true, func(ctx context.Context) (*pb.GetStateResponse, error) {
-		return w.stub.GetState(ctx, &pb.GetStateRequest{SessionId: w.session})
-	})
-	if err != nil {
-		if !errors.Is(err, ErrNotFound) {
-			return err
+	c := w.pool.client
+	t := c.tracks
+	for {
+		if resume {
+			w.pool.rereads.Add(1)
 		}
-		t.applyGone(w.session, ticket)
-		// Responses registered after the read (a session this client
-		// created anew) keep the watch open: from the new session's first event.
-		w.position = 0
-		return nil
+		ticket := t.ticket()
+		reply, err := withRetry(w.ctx, c.retry, true, func(ctx context.Context) (*pb.GetStateResponse, error) {
+			return w.stub.GetState(ctx, &pb.GetStateRequest{SessionId: w.session})
+		})
+		if w.ctx.Err() != nil {
+			// Closed meanwhile: the answer is for a watch that no longer is.
+			return w.ctx.Err()
+		}
+		var idle []idleNotice
+		var retake bool
+		position := uint64(0)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			// Responses registered after the read (a session this client
+			// created anew), or a watch opened ahead of the session's first
+			// Start, stream from the session's first event.
+			idle, retake = t.applyGone(w.session, ticket)
+		case err != nil:
+			return err
+		default:
+			state := stateFromWire(reply.GetState())
+			if state.Revision < w.position {
+				// Revisions start again at 1 when a session is recreated:
+				// this is not the session we watched.
+				gone, _ := t.applyGone(w.session, ticket)
+				c.linger(gone)
+			}
+			idle, retake = t.applyState(w.session, state, ticket)
+			position = state.Revision
+		}
+		c.linger(idle)
+		if !retake {
+			w.position = position
+			return nil
+		}
 	}
-	state := stateFromWire(reply.GetState())
-	if state.Revision < w.position {
-		// Revisions start again at 1 when a session is recreated: this is
-		// not the session we watched.
-		t.applyGone(w.session, ticket)
-	}
-	t.applyState(w.session, state, ticket)
-	w.position = state.Revision
-	return nil
 }

@@ -31,11 +31,17 @@ func WithTimeout(d time.Duration) Option {
 // machine M3: at most one live response across all of them. Effects for this
 // process's responses are performed via sink, whichever process decided them.
 //
-// It sends nothing and never fails, so it replaces New(sink) in one line; a
+// It never fails and never waits, so it replaces New(sink) in one line; a
 // session id the client refuses (empty, longer than 256 bytes, a control
-// character) makes every Apply return that error. The client is shared: one
-// per gateway process, for all its sessions. Close the Coordinator when the
-// session is done in this process.
+// character) makes every Apply return that error. It opens the session's
+// watch ahead (client.Session.OpenWatch), in the background, so that the
+// session's first Apply(Start) needs no Watch call and a stop that lands
+// right after a Start is delivered on a stream that is already open. The
+// watch stays open while this process runs a response there, and for the
+// client's watch linger (client.WithWatchLinger, 30 s by default) after the
+// later of NewShared and the end of its last response. The client is
+// shared: one per gateway process, for all its sessions. Close the
+// Coordinator when the session is done in this process.
 func NewShared(c *client.Client, sessionID string, sink EffectSink, opts ...Option) *Coordinator {
 	s := &shared{
 		session: sessionID,
@@ -51,6 +57,9 @@ func NewShared(c *client.Client, sessionID string, sink EffectSink, opts ...Opti
 		s.initErr = err
 	} else {
 		s.remote = &clientSession{session: session}
+		// This process serves the session from now on: its watch opens
+		// now, not on the first Start's path.
+		session.OpenWatch()
 	}
 	return &Coordinator{sink: sink, turn: make(chan struct{}, 1), shared: s}
 }

@@ -62,8 +62,9 @@
 // process learned is that another process's response is live (its own was
 // superseded by it); it is not told when that response ends, so Active{ID: 0}
 // may outlive it, and a response another process starts while this process
-// has nothing live is not seen at all: this process watches the session only
-// while it runs a response there. The client's Session State call reads the
+// has nothing live is not seen at all: the session's watch (open from
+// NewShared on, for as long as the client's watch linger allows) only stops
+// this process's own responses. The client's Session State call reads the
 // server when the authoritative answer is needed.
 //
 // # When the coordinator cannot decide

@@ -372,7 +372,9 @@ func (c *Coordinator) ServerID(id ResponseID) (uint64, bool) {
 // the server anything: the session goes on for the other processes. A
 // response this process still runs gets no further effects (call
 // Apply(Cancel) or Apply(Shutdown) first to end it). Apply returns ErrClosed
-// afterwards. Close of a coordinator made by New does nothing.
+// afterwards. The session's watch closes the client's watch linger later
+// (a NewShared on the same session before then reuses it). Close of a
+// coordinator made by New does nothing.
 func (c *Coordinator) Close() {
 	s := c.shared
 	if s == nil {
