@@ -702,7 +702,7 @@ void describe("watch pool", () => {
     assert.equal(tracks.size, 0, "and forgets the track no handle holds");
   });
 
-  void test("closing clears the lingers' timers", async () => {
+  void test("closing ends a watch opened ahead before its linger is over", async () => {
     const script = new Script();
     script.watches.push([[], "hang"]);
     const tracks = new Tracks();
