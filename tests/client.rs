@@ -47,6 +47,16 @@ async fn connect(endpoint: &str) -> Client {
         .expect("connect")
 }
 
+/// A client whose session watches linger for the scenario's `linger_ms`.
+async fn connect_lingering(endpoint: &str, scenario: &str) -> Client {
+    let linger = scenario_params(scenario)["linger_ms"]
+        .as_u64()
+        .expect("linger_ms");
+    Client::connect(ConnectOptions::new(endpoint).with_watch_linger(Duration::from_millis(linger)))
+        .await
+        .expect("connect")
+}
+
 async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(PATIENCE, future)
         .await
@@ -103,6 +113,18 @@ const SCENARIOS: &[(&str, &str)] = &[
     (
         "stop_between_start_reply_and_watch",
         "a_stop_between_a_start_reply_and_its_watch_is_not_missed",
+    ),
+    (
+        "watch_lingers_across_responses",
+        "a_sessions_watch_lingers_so_the_next_start_needs_no_watch_call",
+    ),
+    (
+        "open_watch_before_first_start",
+        "a_watch_opened_ahead_covers_the_sessions_first_start",
+    ),
+    (
+        "stop_right_after_start_reply",
+        "a_stop_right_after_a_start_reply_reaches_the_fence",
     ),
     (
         "hundreds_of_sessions_on_one_client",
@@ -500,7 +522,11 @@ async fn a_start_sent_while_the_coordinator_is_down_retries_until_it_is_back_onc
 async fn the_watch_resumes_after_a_broken_connection_and_catches_up() {
     let server = TestServer::start().await;
     let proxy = Proxy::start(server.addr).await.expect("proxy");
-    let a = connect(&format!("http://{}", proxy.addr)).await;
+    let a = connect_lingering(
+        &format!("http://{}", proxy.addr),
+        "watch_broken_and_resumed",
+    )
+    .await;
     let b = connect(&server.endpoint()).await;
     let session = a.session("resume-1").unwrap();
     let response = session.start(Source::Client).await.unwrap();
@@ -528,7 +554,7 @@ async fn the_watch_resumes_after_a_broken_connection_and_catches_up() {
         within("A learns after resuming", response.stopped()).await,
         StopReason::Superseded
     );
-    within_until("the watch closes with its last response", || {
+    within_until("the watch closes after the linger", || {
         a.watch_status().open == 0
     })
     .await;
@@ -548,7 +574,11 @@ async fn within_until(what: &str, done: impl Fn() -> bool) {
 #[tokio::test]
 async fn a_client_watches_a_session_only_while_it_has_a_live_response_there() {
     let coordinator = Coordinator::serve(None, None).await;
-    let a = connect(&coordinator.endpoint()).await;
+    let a = connect_lingering(
+        &coordinator.endpoint(),
+        "session_watch_follows_live_responses",
+    )
+    .await;
     let b = connect(&coordinator.endpoint()).await;
     let (x, y) = (
         a.session("follow-x").unwrap(),
@@ -571,20 +601,11 @@ async fn a_client_watches_a_session_only_while_it_has_a_live_response_there() {
         on_x.finish(Terminal::Completed).await.unwrap(),
         Finished::Applied(_)
     ));
-    within_until("X's watch closes after its Finish", || {
-        a.watch_status().open == 1
-    })
-    .await;
     // Traffic on a session A has nothing live in reaches A not at all.
     let z = b.session("follow-z").unwrap();
     for _ in 0..5 {
         z.start(Source::Vad).await.unwrap();
     }
-    assert_eq!(
-        a.watch_status().opened,
-        2,
-        "no watch of Z, nor of everything"
-    );
     b.session("follow-y")
         .unwrap()
         .start(Source::Vad)
@@ -594,10 +615,135 @@ async fn a_client_watches_a_session_only_while_it_has_a_live_response_there() {
         within("Y's response is superseded", on_y.stopped()).await,
         StopReason::Superseded
     );
-    within_until("no watch once nothing is live", || {
+    let status = a.watch_status();
+    assert_eq!(
+        (status.open, status.opened),
+        (2, 2),
+        "both watches linger, no watch of Z: {status:?}"
+    );
+    within_until("no watch once the linger is over", || {
         a.watch_status().open == 0
     })
     .await;
+    assert_eq!(a.watch_status().opened, 2, "nor of everything");
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn a_sessions_watch_lingers_so_the_next_start_needs_no_watch_call() {
+    let coordinator = Coordinator::serve(None, None).await;
+    let a = connect_lingering(&coordinator.endpoint(), "watch_lingers_across_responses").await;
+    let b = connect(&coordinator.endpoint()).await;
+    let session = a.session("linger-l").unwrap();
+    let first = session.start(Source::Client).await.unwrap();
+    within_until("the watch is open", || a.watch_status().opened == 1).await;
+    assert!(matches!(
+        first.finish(Terminal::Completed).await.unwrap(),
+        Finished::Applied(_)
+    ));
+    let status = a.watch_status();
+    assert_eq!((status.open, status.opened), (1, 1), "{status:?}");
+    let second = session.start(Source::Client).await.unwrap();
+    let status = a.watch_status();
+    assert_eq!(
+        (status.open, status.opened),
+        (1, 1),
+        "no Watch call: {status:?}"
+    );
+    b.session("linger-l")
+        .unwrap()
+        .start(Source::Vad)
+        .await
+        .unwrap();
+    assert_eq!(
+        within("the second response is superseded", second.stopped()).await,
+        StopReason::Superseded
+    );
+    let status = a.watch_status();
+    assert_eq!(
+        (status.opened, status.rereads),
+        (1, 0),
+        "one stream carried both: {status:?}"
+    );
+    coordinator.stop().await;
+}
+
+#[tokio::test]
+async fn a_watch_opened_ahead_covers_the_sessions_first_start() {
+    let coordinator = Coordinator::serve(None, None).await;
+    let a = connect_lingering(&coordinator.endpoint(), "open_watch_before_first_start").await;
+    let b = connect(&coordinator.endpoint()).await;
+    let name = format!("ahead-{}", unique_suffix());
+    let session = a.session(&name).unwrap();
+    session.open_watch();
+    assert_eq!(a.watch_status().open, 1);
+    within_until("the stream is open", || a.watch_status().opened == 1).await;
+    let response = session.start(Source::Client).await.unwrap();
+    assert_eq!(a.watch_status().opened, 1, "the Start needed no Watch call");
+    b.session(&name).unwrap().start(Source::Vad).await.unwrap();
+    assert_eq!(
+        within("superseded", response.stopped()).await,
+        StopReason::Superseded
+    );
+    coordinator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_right_after_a_start_reply_reaches_the_fence() {
+    let rounds = scenario_params("stop_right_after_start_reply")["rounds"]
+        .as_u64()
+        .expect("rounds");
+    let coordinator = Coordinator::serve(None, None).await;
+    let a = connect(&coordinator.endpoint()).await;
+    let b = connect(&coordinator.endpoint()).await;
+    let run = unique_suffix();
+    let (mut ahead, mut not_ahead) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let name = format!("quick-{run}-{round}");
+        let session = a.session(&name).unwrap();
+        let opened_ahead = round % 2 == 0;
+        if opened_ahead {
+            let before = a.watch_status().opened;
+            session.open_watch();
+            within_until("the watch opened ahead is open", || {
+                a.watch_status().opened > before
+            })
+            .await;
+        }
+        let response = session.start(Source::Client).await.unwrap();
+        let called = Instant::now();
+        b.session(&name)
+            .unwrap()
+            .cancel(Source::Vad, Some(response.id()))
+            .await
+            .unwrap();
+        assert_eq!(
+            within("A's response is stopped", response.stopped()).await,
+            StopReason::Cancelled
+        );
+        let took = called.elapsed();
+        if opened_ahead {
+            ahead.push(took);
+        } else {
+            not_ahead.push(took);
+        }
+    }
+    let summary = |latencies: &mut Vec<Duration>| {
+        latencies.sort();
+        let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
+        format!(
+            "p50 {:?}, p99 {:?}, max {:?}",
+            at(0.50),
+            at(0.99),
+            latencies[latencies.len() - 1]
+        )
+    };
+    println!(
+        "stop after start, B's cancel sent as A's Start returns to A's fence, {rounds} rounds: \
+         watch opened ahead {}; not ahead {}",
+        summary(&mut ahead),
+        summary(&mut not_ahead)
+    );
     coordinator.stop().await;
 }
 
@@ -643,7 +789,11 @@ async fn hundreds_of_sessions_on_one_client_each_get_their_stop() {
         .as_u64()
         .expect("sessions") as usize;
     let coordinator = Coordinator::serve(None, None).await;
-    let a = connect(&coordinator.endpoint()).await;
+    let a = connect_lingering(
+        &coordinator.endpoint(),
+        "hundreds_of_sessions_on_one_client",
+    )
+    .await;
     let b = connect(&coordinator.endpoint()).await;
     let mut responses = Vec::with_capacity(sessions);
     for i in 0..sessions {
@@ -664,7 +814,7 @@ async fn hundreds_of_sessions_on_one_client_each_get_their_stop() {
             StopReason::Superseded
         );
     }
-    within_until("no watch once nothing is live", || {
+    within_until("no watch once the linger is over", || {
         a.watch_status().open == 0
     })
     .await;
@@ -885,6 +1035,13 @@ async fn cancel_propagation_latency() {
     let params = scenario_params("cancel_propagation_latency");
     let number = |key: &str| params[key].as_u64().expect("a number") as usize;
     let (round_count, sessions) = (number("rounds"), number("sessions"));
+    // As a gateway serving these sessions does: every round then finds its
+    // session's watch open (opened ahead, or lingering since the last).
+    for session in 0..sessions {
+        a.session(&format!("latency-{session}"))
+            .unwrap()
+            .open_watch();
+    }
     let mut latencies = Vec::with_capacity(round_count);
     for round in 0..round_count {
         let name = format!("latency-{}", round % sessions);
@@ -913,6 +1070,11 @@ async fn cancel_propagation_latency() {
         assert!(matches!(outcome, Ok(RunOutcome::Stopped { .. })));
         latencies.push(seen - called);
     }
+    assert_eq!(
+        a.watch_status().opened,
+        sessions as u64,
+        "every round reused its session's watch"
+    );
     latencies.sort();
     let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
     println!(

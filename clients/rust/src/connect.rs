@@ -51,7 +51,16 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// Retries and deadlines of calls.
     pub retry: RetryPolicy,
+    /// How long a session's watch stays open after this client's last
+    /// response there ended (or after [`super::Session::open_watch`]), so
+    /// that the next Start finds it open and a stop right after that Start
+    /// needs no Watch set-up. Zero closes it with the last response.
+    pub watch_linger: Duration,
 }
+
+/// [`ConnectOptions::watch_linger`]'s default: longer than the pause
+/// between a conversation's turns, short against a session's life.
+pub const DEFAULT_WATCH_LINGER: Duration = Duration::from_secs(30);
 
 impl ConnectOptions {
     pub fn new(endpoint: impl Into<String>) -> Self {
@@ -61,6 +70,7 @@ impl ConnectOptions {
             token: None,
             connect_timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
+            watch_linger: DEFAULT_WATCH_LINGER,
         }
     }
 
@@ -76,6 +86,11 @@ impl ConnectOptions {
 
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
+        self
+    }
+
+    pub fn with_watch_linger(mut self, linger: Duration) -> Self {
+        self.watch_linger = linger;
         self
     }
 

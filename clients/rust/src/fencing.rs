@@ -15,25 +15,34 @@
 //! | `cancel_requested(x)`, `ended(x)` | raise to `x` | `x` is done |
 //! | `terminated` | stop every registered response | nothing of this session lives after teardown, and none starts |
 //! | state Active(z) | raise to `z - 1` | as `started(z)` |
-//! | state Idle or Terminated | stop every response registered before the read was sent | the read saw their Starts, and none of them is live |
+//! | state Idle or Terminated | stop every response the read judged: registered before it was sent, or whose Start reply's revision it reached | the read saw their Starts, and none of them is live |
 //! | NOT_FOUND, or a lower revision than the watch had reached | stop every response registered before the read was sent, as gone | the session they belong to no longer exists |
 //!
 //! Because every update is a `max` of true facts or stops responses the
 //! read already covered, replaying events, or applying a state read while
-//! events arrive, is harmless: that is what makes resume simple.
+//! events arrive, is harmless: that is what makes resume simple. The last
+//! read applied is kept while its watch lives, so a Start whose reply
+//! arrives after the read (and that the read reached) is judged by it too.
 //!
 //! # Which sessions are watched
-//! A session's events reach this client only while it has a live response
-//! there: [`Tracks::register`] asks for the session's watch when the first
-//! one registers (from the Start reply's revision, so a stop that lands
-//! between the reply and the watch is replayed), and the watch is closed
-//! when the last one stops or is released.
+//! A session's events reach this client while it has a live response
+//! there, and for a linger after the last one ends: [`Tracks::register`]
+//! asks for the session's watch when the first one registers (from the
+//! Start reply's revision, so a stop that lands between the reply and the
+//! watch is replayed), and every later Start finds it open. When the last
+//! response stops, the table hands the shell an [`Idle`] notice; the shell
+//! waits out the linger and hands it back ([`Tracks::linger_over`]), and
+//! the watch closes unless the session was used again. [`Tracks::open_ahead`]
+//! opens it before the first Start (from a state read). The table never
+//! reads a clock.
 //!
 //! # No missed stop
-//! A response registers right after its Start reply, and its session's
-//! watch replays from the reply's revision, so every event after the Start
-//! passes through [`Tracks::apply`]. A response registered after its stop
-//! was already applied finds `id <= dead_through` and is stopped at once.
+//! A response registers right after its Start reply. Its session's watch
+//! either replays from the reply's revision, or was already open: then it
+//! delivers every event after its position with no gap, and what lies at
+//! or below its position was applied or judged by a read. A response
+//! registered after its stop was already applied finds `id <= dead_through`
+//! (or a read that reached its Start) and is stopped at once.
 
 use std::{
     collections::HashMap,
@@ -100,10 +109,26 @@ struct Registered {
     liveness: Arc<Liveness>,
     /// The client-wide registration ticket ([`Tracks::ticket`]).
     ticket: u64,
+    /// The revision its Start reply carried: a state read at or past it
+    /// judged the response.
+    revision: u64,
+}
+
+/// The last state read applied while the current watch lives: a true fact
+/// about the session at `revision`, for responses whose Start replies
+/// arrive after the read was applied.
+#[derive(Clone, Copy, Debug)]
+struct ReadFact {
+    revision: u64,
+    /// The one response live at `revision`, if any.
+    live: Option<u64>,
+    /// Why any other response started at or before `revision` is not live.
+    reason: StopReason,
 }
 
 #[derive(Debug)]
 struct Track {
+    session: Arc<str>,
     /// Session handles and response handles holding this track.
     refs: usize,
     dead_through: u64,
@@ -111,22 +136,29 @@ struct Track {
     reason: StopReason,
     /// Live responses of this client in this session (usually one).
     responses: Vec<Registered>,
-    /// The session's watch, open while `responses` is not empty.
+    /// The session's watch: open while `responses` is not empty, opened
+    /// ahead, or lingering after the last response.
     watch: Option<CancellationToken>,
+    /// Bumped by every registration and every open-ahead: a linger that
+    /// began before either is stale.
+    generation: u64,
+    read: Option<ReadFact>,
 }
 
 impl Track {
-    fn raise(&mut self, through: u64, reason: StopReason) {
+    /// Whether the track became idle.
+    fn raise(&mut self, through: u64, reason: StopReason) -> bool {
         if through > self.dead_through {
             self.dead_through = through;
             self.reason = reason;
         }
-        self.stop_where(reason, |r| r.liveness.id <= through);
+        self.stop_where(reason, |r| r.liveness.id <= through)
     }
 
     /// Stops the registered responses `which` selects, raising
-    /// `dead_through` over them.
-    fn stop_where(&mut self, reason: StopReason, which: impl Fn(&Registered) -> bool) {
+    /// `dead_through` over them. Whether the track became idle.
+    fn stop_where(&mut self, reason: StopReason, which: impl Fn(&Registered) -> bool) -> bool {
+        let before = self.responses.len();
         let mut highest = None;
         self.responses.retain(|registered| {
             if which(registered) {
@@ -141,30 +173,47 @@ impl Track {
             self.dead_through = highest;
             self.reason = reason;
         }
-        self.close_watch_when_idle();
+        before > 0 && self.responses.is_empty()
     }
 
-    fn close_watch_when_idle(&mut self) {
-        if self.responses.is_empty() {
-            if let Some(watch) = self.watch.take() {
-                watch.cancel();
-            }
+    /// The session emits nothing more on this watch (terminated): it ends,
+    /// and the next Start opens a new one with its proof.
+    fn end_watch(&mut self) {
+        if let Some(watch) = self.watch.take() {
+            watch.cancel();
         }
+        self.read = None;
     }
 }
 
-/// What the caller of [`Tracks::register`] must do: open the session's
-/// watch, stopped by `stop`.
+/// A session whose last response ended while its watch is open: the shell
+/// waits out the linger, then hands it back ([`Tracks::linger_over`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Idle {
+    pub(crate) session: Arc<str>,
+    generation: u64,
+}
+
+/// What the caller of [`Tracks::register`] or [`Tracks::open_ahead`] must
+/// do: open the session's watch, stopped by `stop`.
 #[derive(Debug)]
 pub(crate) struct WatchOrder {
     pub(crate) session: Arc<str>,
-    /// Watch with `after_revision` = this.
-    pub(crate) after_revision: u64,
+    /// Watch with `after_revision` = this; `None`: read the session's state
+    /// first and watch from its revision (a watch opened ahead).
+    pub(crate) after_revision: Option<u64>,
     /// The response whose `started` event must come first (at
     /// `after_revision + 1`): proof that the watch follows the session the
     /// Start was applied to, not one recreated since.
     pub(crate) expect_started: Option<u64>,
     pub(crate) stop: CancellationToken,
+}
+
+/// What the shell must carry out after a change to the table.
+#[derive(Debug, Default)]
+pub(crate) struct Effects {
+    pub(crate) open: Option<WatchOrder>,
+    pub(crate) idle: Option<Idle>,
 }
 
 /// The sessions this client tracks, shared by the handles and the watches.
@@ -188,11 +237,14 @@ impl Tracks {
         };
         map.entry(Arc::clone(&session))
             .or_insert_with(|| Track {
+                session: Arc::clone(&session),
                 refs: 0,
                 dead_through: 0,
                 reason: StopReason::Gone,
                 responses: Vec::new(),
                 watch: None,
+                generation: 0,
+                read: None,
             })
             .refs += 1;
         TrackGuard {
@@ -202,9 +254,9 @@ impl Tracks {
     }
 
     /// Adds a started response whose Start reply carried `revision`;
-    /// stops it at once if a watch already saw its end. Returns the watch
-    /// to open when the session has none. `fresh`: the reply was not a
-    /// replay, so the response's `started` event is at `revision`.
+    /// stops it at once if a watch or a read already saw its end. Returns
+    /// the watch to open when the session has none. `fresh`: the reply was
+    /// not a replay, so the response's `started` event is at `revision`.
     pub(crate) fn register(
         &self,
         guard: &TrackGuard,
@@ -218,12 +270,20 @@ impl Tracks {
             response.stop(track.reason);
             return None;
         }
+        if let Some(read) = track.read.filter(|read| revision <= read.revision) {
+            if read.live != Some(response.id) {
+                response.stop(read.reason);
+                return None;
+            }
+        }
         if !response.is_current() {
             return None;
         }
+        track.generation += 1;
         track.responses.push(Registered {
             liveness: Arc::clone(response),
             ticket: self.tickets.fetch_add(1, Ordering::AcqRel) + 1,
+            revision,
         });
         if track.watch.is_some() {
             return None;
@@ -232,23 +292,65 @@ impl Tracks {
         track.watch = Some(stop.clone());
         Some(WatchOrder {
             session: Arc::clone(&guard.session),
-            after_revision: if fresh {
+            after_revision: Some(if fresh {
                 revision.saturating_sub(1)
             } else {
                 revision
-            },
+            }),
             expect_started: fresh.then_some(response.id),
             stop,
         })
     }
 
-    pub(crate) fn unregister(&self, guard: &TrackGuard, response: &Arc<Liveness>) {
-        if let Some(track) = self.lock().get_mut(&guard.session) {
-            track
-                .responses
-                .retain(|r| !Arc::ptr_eq(&r.liveness, response));
-            track.close_watch_when_idle();
+    /// The gateway serves this session: its watch opens now (from a state
+    /// read) if it is not open, and lingers from now if no response is live.
+    pub(crate) fn open_ahead(&self, guard: &TrackGuard) -> Effects {
+        let mut map = self.lock();
+        let Some(track) = map.get_mut(&guard.session) else {
+            return Effects::default();
+        };
+        track.generation += 1;
+        let idle = track.responses.is_empty().then(|| Idle {
+            session: Arc::clone(&guard.session),
+            generation: track.generation,
+        });
+        let open = track.watch.is_none().then(|| {
+            let stop = CancellationToken::new();
+            track.watch = Some(stop.clone());
+            WatchOrder {
+                session: Arc::clone(&guard.session),
+                after_revision: None,
+                expect_started: None,
+                stop,
+            }
+        });
+        Effects { open, idle }
+    }
+
+    pub(crate) fn unregister(&self, guard: &TrackGuard, response: &Arc<Liveness>) -> Option<Idle> {
+        let mut map = self.lock();
+        let track = map.get_mut(&guard.session)?;
+        let before = track.responses.len();
+        track
+            .responses
+            .retain(|r| !Arc::ptr_eq(&r.liveness, response));
+        let emptied = before > 0 && track.responses.is_empty();
+        idle_notice(track, emptied)
+    }
+
+    /// The linger that `idle` began is over: the watch closes unless a
+    /// response registered or the watch was opened ahead since; the track
+    /// goes when no handle holds it.
+    pub(crate) fn linger_over(&self, idle: &Idle) {
+        let mut map = self.lock();
+        let Some(track) = map.get_mut(&idle.session) else {
+            return;
+        };
+        if track.generation != idle.generation || !track.responses.is_empty() {
+            return;
         }
+        track.end_watch();
+        forget_if_unheld(&mut map, &idle.session);
     }
 
     /// Every response registered so far has a ticket at or below this: take
@@ -258,13 +360,15 @@ impl Tracks {
     }
 
     /// Applies one WatchResponse's events.
-    pub(crate) fn apply(&self, events: &[pb::LifecycleEvent]) {
+    pub(crate) fn apply(&self, events: &[pb::LifecycleEvent]) -> Vec<Idle> {
         let mut map = self.lock();
+        let mut idle = Vec::new();
+        let mut ended = Vec::new();
         for event in events {
             let Some(track) = map.get_mut(event.session_id.as_str()) else {
                 continue;
             };
-            match &event.kind {
+            let emptied = match &event.kind {
                 Some(Kind::Started(s)) => {
                     track.raise(s.response_id.saturating_sub(1), StopReason::Superseded)
                 }
@@ -280,38 +384,74 @@ impl Tracks {
                     track.raise(e.response_id, reason)
                 }
                 Some(Kind::Terminated(t)) => {
-                    track.stop_where(StopReason::from(t.reason()), |_| true)
+                    track.stop_where(StopReason::from(t.reason()), |_| true);
+                    track.end_watch();
+                    ended.push(Arc::clone(&track.session));
+                    false
                 }
-                None => {}
-            }
+                None => false,
+            };
+            idle.extend(idle_notice(track, emptied));
         }
+        for session in ended {
+            forget_if_unheld(&mut map, &session);
+        }
+        idle
     }
 
     /// Applies a state read (GetState) sent when [`Tracks::ticket`] was
-    /// `ticket`.
-    pub(crate) fn apply_state(&self, state: &pb::SessionState, ticket: u64) {
+    /// `ticket`. It judged every response registered before it was sent,
+    /// and every one whose Start reply's revision it reached.
+    pub(crate) fn apply_state(&self, state: &pb::SessionState, ticket: u64) -> Option<Idle> {
         let mut map = self.lock();
-        let Some(track) = map.get_mut(state.session_id.as_str()) else {
-            return;
+        let track = map.get_mut(state.session_id.as_str())?;
+        let read = |r: &Registered| r.ticket <= ticket || r.revision <= state.revision;
+        let fact = match state.phase() {
+            pb::Phase::Active => ReadFact {
+                revision: state.revision,
+                live: Some(state.active_response_id),
+                reason: StopReason::Superseded,
+            },
+            pb::Phase::Terminated => ReadFact {
+                revision: state.revision,
+                live: None,
+                reason: StopReason::Shutdown,
+            },
+            pb::Phase::Idle | pb::Phase::Unspecified => ReadFact {
+                revision: state.revision,
+                live: None,
+                reason: StopReason::Gone,
+            },
         };
-        let read = |r: &Registered| r.ticket <= ticket;
-        match state.phase() {
-            pb::Phase::Active => {
-                let active = state.active_response_id;
-                track.raise(active.saturating_sub(1), StopReason::Superseded);
-                track.stop_where(StopReason::Gone, |r| read(r) && r.liveness.id != active);
+        let emptied = match fact.live {
+            Some(active) => {
+                let superseded = track.raise(active.saturating_sub(1), fact.reason);
+                track.stop_where(StopReason::Gone, |r| read(r) && r.liveness.id != active)
+                    || superseded
             }
-            pb::Phase::Terminated => track.stop_where(StopReason::Shutdown, read),
-            pb::Phase::Idle | pb::Phase::Unspecified => track.stop_where(StopReason::Gone, read),
+            None => track.stop_where(fact.reason, read),
+        };
+        if state.phase() == pb::Phase::Terminated {
+            // Nothing more will happen on this session: what is still
+            // registered belongs to no live session either.
+            track.stop_where(StopReason::Shutdown, |_| true);
+            track.end_watch();
+            forget_if_unheld(&mut map, &state.session_id);
+            return None;
         }
+        track.read = Some(fact);
+        idle_notice(track, emptied)
     }
 
     /// The session was not found (or was recreated) by a read sent at
-    /// `ticket`: the responses it covered belonged to a session that is gone.
-    pub(crate) fn apply_gone(&self, session: &str, ticket: u64) {
-        if let Some(track) = self.lock().get_mut(session) {
-            track.stop_where(StopReason::Gone, |r| r.ticket <= ticket);
-        }
+    /// `ticket`: the responses it covered belonged to a session that is
+    /// gone. Revisions of a gone session judge nothing.
+    pub(crate) fn apply_gone(&self, session: &str, ticket: u64) -> Option<Idle> {
+        let mut map = self.lock();
+        let track = map.get_mut(session)?;
+        let emptied = track.stop_where(StopReason::Gone, |r| r.ticket <= ticket);
+        track.read = None;
+        idle_notice(track, emptied)
     }
 
     #[cfg(test)]
@@ -322,6 +462,25 @@ impl Tracks {
     #[cfg(test)]
     fn watched(&self, session: &str) -> bool {
         self.lock().get(session).is_some_and(|t| t.watch.is_some())
+    }
+}
+
+/// The notice for a track that just lost its last live response while its
+/// watch is open.
+fn idle_notice(track: &Track, emptied: bool) -> Option<Idle> {
+    (emptied && track.watch.is_some()).then(|| Idle {
+        session: Arc::clone(&track.session),
+        generation: track.generation,
+    })
+}
+
+/// Drops a track that no handle holds and no watch keeps.
+fn forget_if_unheld(map: &mut HashMap<Arc<str>, Track>, session: &str) {
+    if map
+        .get(session)
+        .is_some_and(|track| track.refs == 0 && track.watch.is_none())
+    {
+        map.remove(session);
     }
 }
 
@@ -355,195 +514,12 @@ impl Drop for TrackGuard {
         let mut map = self.tracks.lock();
         if let Some(track) = map.get_mut(&self.session) {
             track.refs -= 1;
-            if track.refs == 0 {
-                if let Some(watch) = track.watch.take() {
-                    watch.cancel();
-                }
-                map.remove(&self.session);
-            }
         }
+        // A lingering watch keeps the track (and what it knows) until the
+        // linger is over.
+        forget_if_unheld(&mut map, &self.session);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn event(session: &str, revision: u64, kind: Kind) -> pb::LifecycleEvent {
-        pb::LifecycleEvent {
-            session_id: session.into(),
-            revision,
-            seq: revision,
-            unix_nanos: 0,
-            kind: Some(kind),
-        }
-    }
-
-    fn started(id: u64) -> Kind {
-        Kind::Started(pb::ResponseStarted {
-            response_id: id,
-            source: pb::Source::Client.into(),
-        })
-    }
-
-    fn cancel_requested(id: u64, reason: pb::CancelReason) -> Kind {
-        Kind::CancelRequested(pb::ResponseCancelRequested {
-            response_id: id,
-            reason: reason.into(),
-            source: pb::Source::Unspecified.into(),
-        })
-    }
-
-    fn state(session: &str, phase: pb::Phase, active: u64, revision: u64) -> pb::SessionState {
-        pb::SessionState {
-            session_id: session.into(),
-            phase: phase.into(),
-            active_response_id: active,
-            revision,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn the_first_response_opens_the_watch_from_its_start_and_the_last_closes_it() {
-        let tracks = Arc::new(Tracks::default());
-        let guard = tracks.track("s");
-        assert!(
-            !tracks.watched("s"),
-            "a session handle alone watches nothing"
-        );
-        let first = Liveness::new(10);
-        let order = tracks.register(&guard, &first, 7, true).expect("a watch");
-        assert_eq!(
-            (&*order.session, order.after_revision, order.expect_started),
-            ("s", 6, Some(10)),
-            "replays the response's own start"
-        );
-        let second = Liveness::new(11);
-        assert!(
-            tracks.register(&guard, &second, 9, true).is_none(),
-            "one watch a session"
-        );
-        tracks.unregister(&guard, &first);
-        assert!(!order.stop.is_cancelled());
-        tracks.apply(&[event("s", 10, started(12))]);
-        assert_eq!(second.reason(), Some(StopReason::Superseded));
-        assert!(
-            order.stop.is_cancelled(),
-            "no live response left: the watch closes"
-        );
-        let replayed = Liveness::new(20);
-        let order = tracks
-            .register(&guard, &replayed, 30, false)
-            .expect("a new watch");
-        assert_eq!((order.after_revision, order.expect_started), (30, None));
-        drop(guard);
-        assert!(
-            order.stop.is_cancelled(),
-            "the track went with its last guard"
-        );
-    }
-
-    #[test]
-    fn supersede_stops_the_old_response_and_not_the_new_one() {
-        let tracks = Arc::new(Tracks::default());
-        let guard = tracks.track("s");
-        let old = Liveness::new(10);
-        tracks.register(&guard, &old, 1, true);
-        tracks.apply(&[
-            event("s", 1, started(10)),
-            event("s", 2, cancel_requested(10, pb::CancelReason::Superseded)),
-            event("s", 4, started(20)),
-        ]);
-        assert_eq!(old.reason(), Some(StopReason::Superseded));
-        // The new response registers after the watch saw its own start.
-        let new = Liveness::new(20);
-        tracks.register(&guard, &new, 4, true);
-        assert!(new.is_current());
-        assert_eq!(tracks.dead_through("s"), Some(19));
-    }
-
-    #[test]
-    fn a_response_registered_after_its_stop_was_seen_is_stopped_at_once() {
-        let tracks = Arc::new(Tracks::default());
-        let guard = tracks.track("s");
-        let other = Liveness::new(1);
-        tracks.register(&guard, &other, 1, true);
-        tracks.apply(&[event(
-            "s",
-            3,
-            cancel_requested(30, pb::CancelReason::Requested),
-        )]);
-        let late = Liveness::new(30);
-        assert!(tracks.register(&guard, &late, 2, true).is_none());
-        assert_eq!(late.reason(), Some(StopReason::Cancelled));
-    }
-
-    #[test]
-    fn termination_stops_every_response_and_a_reborn_session_lives() {
-        let tracks = Arc::new(Tracks::default());
-        let guard = tracks.track("s");
-        let a = Liveness::new(5);
-        tracks.register(&guard, &a, 1, true);
-        tracks.apply(&[event(
-            "s",
-            2,
-            Kind::Terminated(pb::SessionTerminated {
-                reason: pb::CancelReason::Expired.into(),
-            }),
-        )]);
-        assert_eq!(a.reason(), Some(StopReason::Expired));
-        let reborn = Liveness::new(100);
-        tracks.register(&guard, &reborn, 1, true);
-        assert!(reborn.is_current());
-    }
-
-    #[test]
-    fn untracked_sessions_are_ignored_and_tracks_go_with_their_guards() {
-        let tracks = Arc::new(Tracks::default());
-        let guard = tracks.track("s");
-        let second = guard.clone();
-        tracks.apply(&[event("other", 3, started(3))]);
-        assert_eq!(tracks.dead_through("other"), None);
-        drop(guard);
-        assert!(tracks.dead_through("s").is_some());
-        drop(second);
-        assert_eq!(tracks.dead_through("s"), None);
-    }
-
-    #[test]
-    fn a_state_read_stops_what_it_covered_and_spares_later_starts() {
-        let tracks = Arc::new(Tracks::default());
-        let guard = tracks.track("s");
-        let (old, active) = (Liveness::new(5), Liveness::new(6));
-        tracks.register(&guard, &old, 1, true);
-        tracks.register(&guard, &active, 3, true);
-        let ticket = tracks.ticket();
-        // Registered while the read was on its way: the read cannot judge it.
-        let later = Liveness::new(9);
-        tracks.register(&guard, &later, 9, true);
-        tracks.apply_state(&state("s", pb::Phase::Active, 6, 4), ticket);
-        assert_eq!(old.reason(), Some(StopReason::Superseded));
-        assert!(active.is_current(), "the active response lives on");
-        assert!(later.is_current());
-        tracks.apply_state(&state("s", pb::Phase::Idle, 0, 8), ticket);
-        assert_eq!(active.reason(), Some(StopReason::Gone));
-        assert!(later.is_current(), "started after the read was sent");
-    }
-
-    #[test]
-    fn a_session_gone_or_recreated_stops_the_responses_the_read_covered() {
-        let tracks = Arc::new(Tracks::default());
-        let guard = tracks.track("s");
-        let lost = Liveness::new(5);
-        let order = tracks.register(&guard, &lost, 3, true).expect("a watch");
-        let ticket = tracks.ticket();
-        tracks.apply_gone("s", ticket);
-        assert_eq!(lost.reason(), Some(StopReason::Gone));
-        assert!(order.stop.is_cancelled());
-        let terminated = Liveness::new(7);
-        tracks.register(&guard, &terminated, 1, true);
-        tracks.apply_state(&state("s", pb::Phase::Terminated, 0, 2), tracks.ticket());
-        assert_eq!(terminated.reason(), Some(StopReason::Shutdown));
-    }
-}
+mod tests;

@@ -5,11 +5,12 @@
 //! the contract) into types, so a gateway author does not re-derive them:
 //!
 //! - [`Client`] holds the connection (plaintext or TLS, an optional bearer
-//!   token on every call) and one Watch stream per session where it has a
-//!   live response, which delivers every cancellation and supersession of
-//!   that response, whichever gateway asked. A gateway's watch traffic
-//!   follows its own sessions, not the deployment's. A broken stream is
-//!   resumed after reading the session's state (GetState).
+//!   token on every call) and one Watch stream per session it serves (a
+//!   live response there, a watch opened ahead, or a linger after the last
+//!   response), which delivers every cancellation and supersession of its
+//!   responses, whichever gateway asked. A gateway's watch traffic follows
+//!   its own sessions, not the deployment's. A broken stream is resumed
+//!   after reading the session's state (GetState).
 //! - [`Session`] is a per-session handle; its responses' stops reach it.
 //! - [`Session::start`] returns a [`Response`]: it knows its id, is stopped
 //!   (a [`CancellationToken`] fires, [`Response::stopped`] resolves) when the
@@ -49,7 +50,9 @@ use tonic::{
     Code, Request, Status,
 };
 
-pub use connect::{Auth, ConnectOptions, RawClient, TlsOptions, DEFAULT_ENDPOINT};
+pub use connect::{
+    Auth, ConnectOptions, RawClient, TlsOptions, DEFAULT_ENDPOINT, DEFAULT_WATCH_LINGER,
+};
 /// The wire types (generated from `proto/respcoord/v1/coordinator.proto`),
 /// for the raw calls and the answers the library passes through.
 pub use respcoord_proto::v1 as pb;
@@ -214,7 +217,7 @@ impl Client {
             .connect()
             .await
             .map_err(|source| ConnectError::new(&endpoint, source))?;
-        Ok(Self::from_parts(channel, endpoint, auth, options.retry))
+        Ok(Self::from_parts(channel, endpoint, auth, &options))
     }
 
     /// As [`Client::connect`], without waiting for the connection: the
@@ -226,16 +229,28 @@ impl Client {
             endpoint.connect_lazy(),
             endpoint,
             auth,
-            options.retry,
+            &options,
         ))
     }
 
-    fn from_parts(unary: Channel, endpoint: Endpoint, auth: Auth, retry: RetryPolicy) -> Self {
+    fn from_parts(
+        unary: Channel,
+        endpoint: Endpoint,
+        auth: Auth,
+        options: &ConnectOptions,
+    ) -> Self {
         let tracks = Arc::<fencing::Tracks>::default();
+        let retry = options.retry.clone();
         Self {
             inner: Arc::new(Inner {
                 raw: ResponseCoordinatorClient::with_interceptor(unary, auth.clone()),
-                watches: watch::Watches::new(endpoint, auth, retry.clone(), Arc::clone(&tracks)),
+                watches: watch::Watches::new(
+                    endpoint,
+                    auth,
+                    retry.clone(),
+                    Arc::clone(&tracks),
+                    options.watch_linger,
+                ),
                 retry,
                 tracks,
             }),
@@ -253,7 +268,9 @@ impl Client {
     }
 
     /// A handle on one session. Its session's events reach this client
-    /// while a [`Response`] of it is live.
+    /// while a [`Response`] of it is live, and for the watch linger after
+    /// ([`ConnectOptions::watch_linger`]); [`Session::open_watch`] opens
+    /// them ahead of the first Start.
     pub fn session(&self, session_id: &str) -> Result<Session, ClientError> {
         let id = SessionId::parse(session_id).map_err(|e| ClientError::invalid("session_id", e))?;
         let guard = self.inner.tracks.track(id.as_str());

@@ -111,6 +111,22 @@ impl Session {
         &self.client
     }
 
+    /// Opens this session's watch now, when the gateway begins serving the
+    /// session, so that its first Start needs no Watch set-up: a stop that
+    /// lands right after that Start (a user talking over the greeting)
+    /// reaches the fence at once. Does not wait. The watch stays open while
+    /// a response of this client is live there, and for the watch linger
+    /// after the later of this call and the last response
+    /// ([`crate::ConnectOptions::watch_linger`]; with zero linger this does
+    /// nothing). The session need not exist yet.
+    pub fn open_watch(&self) {
+        let watches = self.client.watches();
+        if watches.linger().is_off() {
+            return;
+        }
+        watches.carry_out(self.client.tracks().open_ahead(&self.guard));
+    }
+
     /// Starts a response (superseding the session's live one, wherever it
     /// runs). The returned handle is stopped when the coordinator cancels or
     /// supersedes it. FAILED_PRECONDITION once the session is terminated.
@@ -439,7 +455,8 @@ impl Response {
 impl Drop for Response {
     fn drop(&mut self) {
         self.liveness.stop(StopReason::Released);
-        self.client.tracks().unregister(&self.guard, &self.liveness);
+        let idle = self.client.tracks().unregister(&self.guard, &self.liveness);
+        self.client.watches().linger().begin(idle);
     }
 }
 

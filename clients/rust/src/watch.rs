@@ -1,14 +1,16 @@
 //! Session watches: one Watch stream per session where this client has a
-//! live response, opened when the fencing table asks (`fencing.rs`) and
-//! closed when it says so. A gateway's cost follows its own sessions, not
-//! the deployment's traffic.
+//! live response (or had one within the linger, or opened it ahead),
+//! opened when the fencing table asks (`fencing.rs`) and closed when it
+//! says so. A gateway's cost follows its own sessions, not the
+//! deployment's traffic.
 //!
 //! # One stream's life
-//! - Opened with `after_revision` just below the Start reply's revision, so
-//!   the first event is the response's own `started`: proof that the stream
-//!   follows the session the Start was applied to. Anything else first (the
-//!   session was recreated since, say after a coordinator restart), or
-//!   nothing within an attempt timeout, sends it to a state read.
+//! - Opened for a Start with `after_revision` just below the reply's
+//!   revision, so the first event is the response's own `started`: proof
+//!   that the stream follows the session the Start was applied to.
+//!   Anything else first (the session was recreated since, say after a
+//!   coordinator restart), or nothing within an attempt timeout, sends it
+//!   to a state read. Opened ahead of any Start, it begins with that read.
 //! - Every event goes through [`Tracks::apply`]; the position is the
 //!   highest revision seen.
 //! - After `terminated` the stream ends and so does the watch.
@@ -38,7 +40,7 @@ use tonic::{transport::Endpoint, Code, Request, Status};
 
 use super::{
     connect::Auth,
-    fencing::{Tracks, WatchOrder},
+    fencing::{Effects, Idle, Tracks, WatchOrder},
     RawClient, RetryPolicy,
 };
 use respcoord_proto::v1::{
@@ -149,12 +151,47 @@ struct Slot {
     streams: usize,
 }
 
+/// Waits out a session watch's linger after its last response, then hands
+/// the notice back to the table (which closes the watch unless the session
+/// was used again meanwhile).
+#[derive(Clone)]
+pub(crate) struct Linger {
+    tracks: Arc<Tracks>,
+    after: Duration,
+}
+
+impl Linger {
+    pub(crate) fn new(tracks: Arc<Tracks>, after: Duration) -> Self {
+        Self { tracks, after }
+    }
+
+    pub(crate) fn is_off(&self) -> bool {
+        self.after.is_zero()
+    }
+
+    pub(crate) fn begin(&self, idle: Option<Idle>) {
+        let Some(idle) = idle else { return };
+        // A handle dropped outside any runtime cannot wait: it closes now.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if !self.after.is_zero() => {
+                let (tracks, after) = (Arc::clone(&self.tracks), self.after);
+                runtime.spawn(async move {
+                    tokio::time::sleep(after).await;
+                    tracks.linger_over(&idle);
+                });
+            }
+            _ => self.tracks.linger_over(&idle),
+        }
+    }
+}
+
 /// Spawns session watches on a pool of connections.
 pub(crate) struct Watches {
     endpoint: Endpoint,
     auth: Auth,
     retry: RetryPolicy,
     tracks: Arc<Tracks>,
+    linger: Linger,
     slots: Arc<Mutex<Vec<Slot>>>,
     cells: Arc<Cells>,
 }
@@ -165,15 +202,29 @@ impl Watches {
         auth: Auth,
         retry: RetryPolicy,
         tracks: Arc<Tracks>,
+        linger: Duration,
     ) -> Self {
         Self {
             endpoint,
             auth,
             retry,
+            linger: Linger::new(Arc::clone(&tracks), linger),
             tracks,
             slots: Arc::default(),
             cells: Arc::default(),
         }
+    }
+
+    pub(crate) fn linger(&self) -> &Linger {
+        &self.linger
+    }
+
+    /// Carries out what the table asked for.
+    pub(crate) fn carry_out(&self, effects: Effects) {
+        if let Some(order) = effects.open {
+            self.open(order);
+        }
+        self.linger.begin(effects.idle);
     }
 
     pub(crate) fn status(&self) -> WatchStatus {
@@ -199,10 +250,12 @@ impl Watches {
         let watch = SessionWatch {
             transport: raw,
             tracks: Arc::clone(&self.tracks),
+            linger: self.linger.clone(),
             retry: self.retry.clone(),
             cells: Arc::clone(&self.cells),
             session: order.session.to_string(),
-            position: order.after_revision,
+            position: order.after_revision.unwrap_or(0),
+            read_first: order.after_revision.is_none(),
             expect_started: order.expect_started,
         };
         let (slots, cells) = (Arc::clone(&self.slots), Arc::clone(&self.cells));
@@ -246,11 +299,14 @@ impl Watches {
 struct SessionWatch<T> {
     transport: T,
     tracks: Arc<Tracks>,
+    linger: Linger,
     retry: RetryPolicy,
     cells: Arc<Cells>,
     session: String,
     /// The highest revision applied.
     position: u64,
+    /// Opened ahead of any Start: the first stream starts from a state read.
+    read_first: bool,
     /// The response whose `started` must come first on the first stream.
     expect_started: Option<u64>,
 }
@@ -278,6 +334,9 @@ enum Read {
 impl<T: Transport> SessionWatch<T> {
     async fn run(mut self, stop: CancellationToken) {
         let mut failures = 0u32;
+        if self.read_first && !self.read_until_answered(&stop, &mut failures).await {
+            return;
+        }
         loop {
             let ended = tokio::select! {
                 biased;
@@ -296,35 +355,8 @@ impl<T: Transport> SessionWatch<T> {
             if let Some(status) = &status {
                 tracing::debug!(session = %self.session, code = ?status.code(), message = status.message(), "session watch ended; reading the state");
             }
-            loop {
-                let read = tokio::select! {
-                    biased;
-                    () = stop.cancelled() => return,
-                    read = self.reread() => read,
-                };
-                match read {
-                    Ok(Read::From(revision)) => {
-                        self.position = revision;
-                        break;
-                    }
-                    // Responses registered after the read (a session this
-                    // client created anew) keep the watch open: from the
-                    // new session's first event.
-                    Ok(Read::Gone) => {
-                        self.position = 0;
-                        break;
-                    }
-                    Err(status) => {
-                        tracing::info!(session = %self.session, code = ?status.code(), message = status.message(), "session state read failed; retrying");
-                        failures = failures.saturating_add(1);
-                        let pause = self.retry.backoff(failures);
-                        tokio::select! {
-                            biased;
-                            () = stop.cancelled() => return,
-                            () = tokio::time::sleep(pause) => {}
-                        }
-                    }
-                }
+            if !self.read_until_answered(&stop, &mut failures).await {
+                return;
             }
             if !progressed {
                 failures = failures.saturating_add(1);
@@ -336,6 +368,41 @@ impl<T: Transport> SessionWatch<T> {
                 }
             }
             self.cells.reconnects.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Reads the session's state until a read is answered, setting the
+    /// position to watch from. False when the watch was stopped meanwhile.
+    async fn read_until_answered(&mut self, stop: &CancellationToken, failures: &mut u32) -> bool {
+        loop {
+            let read = tokio::select! {
+                biased;
+                () = stop.cancelled() => return false,
+                read = self.reread() => read,
+            };
+            match read {
+                Ok(Read::From(revision)) => {
+                    self.position = revision;
+                    return true;
+                }
+                // Responses registered after the read (a session this
+                // client created anew) keep the watch open: from the
+                // new session's first event.
+                Ok(Read::Gone) => {
+                    self.position = 0;
+                    return true;
+                }
+                Err(status) => {
+                    tracing::info!(session = %self.session, code = ?status.code(), message = status.message(), "session state read failed; retrying");
+                    *failures = failures.saturating_add(1);
+                    let pause = self.retry.backoff(*failures);
+                    tokio::select! {
+                        biased;
+                        () = stop.cancelled() => return false,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
         }
     }
 
@@ -370,7 +437,9 @@ impl<T: Transport> SessionWatch<T> {
                         }
                     }
                     progressed = true;
-                    self.tracks.apply(&message.events);
+                    for idle in self.tracks.apply(&message.events) {
+                        self.linger.begin(Some(idle));
+                    }
                     for event in &message.events {
                         self.position = self.position.max(event.revision);
                         if matches!(event.kind, Some(Kind::Terminated(_))) {
@@ -400,13 +469,15 @@ impl<T: Transport> SessionWatch<T> {
                 if state.revision < self.position {
                     // Revisions start again at 1 when a session is
                     // recreated: this is not the session we watched.
-                    self.tracks.apply_gone(&self.session, ticket);
+                    self.linger
+                        .begin(self.tracks.apply_gone(&self.session, ticket));
                 }
-                self.tracks.apply_state(&state, ticket);
+                self.linger.begin(self.tracks.apply_state(&state, ticket));
                 Ok(Read::From(state.revision))
             }
             Err(status) if status.code() == Code::NotFound => {
-                self.tracks.apply_gone(&self.session, ticket);
+                self.linger
+                    .begin(self.tracks.apply_gone(&self.session, ticket));
                 Ok(Read::Gone)
             }
             Err(status) => Err(status),
@@ -423,318 +494,4 @@ fn starts_with(events: &[pb::LifecycleEvent], response: u64, revision: u64) -> b
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::VecDeque;
-
-    use super::*;
-    use crate::{fencing::Liveness, StopReason};
-
-    /// How a scripted stream goes on once its messages are delivered.
-    enum Then {
-        /// Stays open, silent.
-        Hang,
-        /// Fails with this status.
-        Fail(Status),
-    }
-
-    struct Scripted {
-        messages: VecDeque<pb::WatchResponse>,
-        then: Option<Then>,
-    }
-
-    impl Messages for Scripted {
-        fn next(
-            &mut self,
-        ) -> impl Future<Output = Result<Option<pb::WatchResponse>, Status>> + Send {
-            let next = match self.messages.pop_front() {
-                Some(message) => Some(Ok(Some(message))),
-                None => match self.then.take() {
-                    Some(Then::Fail(status)) => Some(Err(status)),
-                    Some(Then::Hang) | None => None,
-                },
-            };
-            async move {
-                match next {
-                    Some(next) => next,
-                    None => std::future::pending().await,
-                }
-            }
-        }
-    }
-
-    /// What the next Watch call does: open and deliver, then go on so; or fail.
-    type Opened = Result<(Vec<pb::WatchResponse>, Then), Status>;
-
-    /// A scripted server: each Watch takes the next stream, each GetState
-    /// the next answer (a call past the script waits forever); every call
-    /// is recorded.
-    #[derive(Default)]
-    struct Script {
-        watches: Mutex<VecDeque<Opened>>,
-        states: Mutex<VecDeque<Result<pb::SessionState, Status>>>,
-        calls: Mutex<Vec<String>>,
-    }
-
-    impl Script {
-        /// The next Watch opens and delivers `messages`, then `then`.
-        fn stream(&self, messages: Vec<pb::WatchResponse>, then: Then) {
-            self.watches.lock().unwrap().push_back(Ok((messages, then)));
-        }
-
-        /// The next Watch fails to open.
-        fn refuse(&self, status: Status) {
-            self.watches.lock().unwrap().push_back(Err(status));
-        }
-
-        fn calls(&self) -> Vec<String> {
-            self.calls.lock().unwrap().clone()
-        }
-    }
-
-    impl Transport for Arc<Script> {
-        type Messages = Scripted;
-
-        fn watch(
-            &self,
-            _session: &str,
-            after_revision: u64,
-        ) -> impl Future<Output = Result<Scripted, Status>> + Send {
-            self.calls
-                .lock()
-                .unwrap()
-                .push(format!("watch {after_revision}"));
-            let next = self.watches.lock().unwrap().pop_front();
-            async move {
-                match next {
-                    Some(Ok((messages, then))) => Ok(Scripted {
-                        messages: messages.into(),
-                        then: Some(then),
-                    }),
-                    Some(Err(status)) => Err(status),
-                    None => std::future::pending().await,
-                }
-            }
-        }
-
-        fn get_state(
-            &self,
-            _session: &str,
-            _timeout: Duration,
-        ) -> impl Future<Output = Result<pb::SessionState, Status>> + Send {
-            self.calls.lock().unwrap().push("get_state".into());
-            let next = self.states.lock().unwrap().pop_front();
-            async move {
-                match next {
-                    Some(answer) => answer,
-                    None => std::future::pending().await,
-                }
-            }
-        }
-    }
-
-    fn message(events: Vec<pb::LifecycleEvent>) -> pb::WatchResponse {
-        pb::WatchResponse {
-            events,
-            progress_seq: 0,
-        }
-    }
-
-    fn event(revision: u64, kind: Kind) -> pb::LifecycleEvent {
-        pb::LifecycleEvent {
-            session_id: "s".into(),
-            revision,
-            seq: revision,
-            unix_nanos: 0,
-            kind: Some(kind),
-        }
-    }
-
-    fn started(id: u64) -> Kind {
-        Kind::Started(pb::ResponseStarted {
-            response_id: id,
-            source: pb::Source::Client.into(),
-        })
-    }
-
-    fn cancelled(id: u64, reason: pb::CancelReason) -> Kind {
-        Kind::CancelRequested(pb::ResponseCancelRequested {
-            response_id: id,
-            reason: reason.into(),
-            source: pb::Source::Unspecified.into(),
-        })
-    }
-
-    fn active(id: u64, revision: u64) -> pb::SessionState {
-        pb::SessionState {
-            session_id: "s".into(),
-            phase: pb::Phase::Active.into(),
-            active_response_id: id,
-            revision,
-            ..Default::default()
-        }
-    }
-
-    /// Response 10, whose Start reply carried revision 5, and its session's
-    /// watch running against `script`.
-    struct Running {
-        response: Arc<Liveness>,
-        stop: CancellationToken,
-        cells: Arc<Cells>,
-        _guard: crate::fencing::TrackGuard,
-    }
-
-    fn run(script: &Arc<Script>) -> Running {
-        let tracks = Arc::new(Tracks::default());
-        let guard = tracks.track("s");
-        let response = Liveness::new(10);
-        let order = tracks
-            .register(&guard, &response, 5, true)
-            .expect("the first response opens the watch");
-        let cells = Arc::new(Cells::default());
-        let watch = SessionWatch {
-            transport: Arc::clone(script),
-            tracks,
-            retry: RetryPolicy::default(),
-            cells: Arc::clone(&cells),
-            session: "s".into(),
-            position: order.after_revision,
-            expect_started: order.expect_started,
-        };
-        let stop = order.stop.clone();
-        tokio::spawn(watch.run(order.stop));
-        Running {
-            response,
-            stop,
-            cells,
-            _guard: guard,
-        }
-    }
-
-    async fn stopped(response: &Liveness) -> StopReason {
-        tokio::time::timeout(Duration::from_secs(600), response.token().cancelled())
-            .await
-            .expect("stopped");
-        response.reason().expect("a reason")
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_stop_replayed_after_the_proof_of_the_start_stops_the_response() {
-        let script = Arc::new(Script::default());
-        script.stream(
-            vec![
-                message(vec![event(5, started(10))]),
-                message(vec![
-                    event(6, cancelled(10, pb::CancelReason::Superseded)),
-                    event(8, started(11)),
-                ]),
-            ],
-            Then::Hang,
-        );
-        let running = run(&script);
-        assert_eq!(stopped(&running.response).await, StopReason::Superseded);
-        assert!(
-            running.stop.is_cancelled(),
-            "nothing live: the watch closed"
-        );
-        assert_eq!(
-            script.calls(),
-            ["watch 4"],
-            "replayed from just below the reply"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_first_event_that_is_not_the_start_means_a_recreated_session() {
-        let script = Arc::new(Script::default());
-        script.stream(vec![message(vec![event(5, started(3))])], Then::Hang);
-        // Revision 2: below the watch's position, a new session of that id.
-        script.states.lock().unwrap().push_back(Ok(active(12, 2)));
-        let running = run(&script);
-        assert_eq!(stopped(&running.response).await, StopReason::Gone);
-        assert_eq!(script.calls(), ["watch 4", "get_state"]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_session_not_found_after_a_break_is_gone() {
-        let script = Arc::new(Script::default());
-        script.stream(
-            vec![message(vec![event(5, started(10))])],
-            Then::Fail(Status::unavailable("connection reset")),
-        );
-        script
-            .states
-            .lock()
-            .unwrap()
-            .push_back(Err(Status::not_found("no session s")));
-        let running = run(&script);
-        assert_eq!(stopped(&running.response).await, StopReason::Gone);
-        assert_eq!(script.calls(), ["watch 4", "get_state"]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_broken_stream_resumes_from_the_state_it_read() {
-        let script = Arc::new(Script::default());
-        script.stream(
-            vec![message(vec![event(5, started(10))])],
-            Then::Fail(Status::unavailable("connection reset")),
-        );
-        script.stream(
-            vec![message(vec![event(
-                7,
-                cancelled(10, pb::CancelReason::Requested),
-            )])],
-            Then::Hang,
-        );
-        script.states.lock().unwrap().push_back(Ok(active(10, 6)));
-        let running = run(&script);
-        assert_eq!(stopped(&running.response).await, StopReason::Cancelled);
-        assert_eq!(script.calls(), ["watch 4", "get_state", "watch 6"]);
-        let load = |cell: &AtomicU64| cell.load(Ordering::Acquire);
-        let cells = &running.cells;
-        assert_eq!(
-            (
-                load(&cells.opened),
-                load(&cells.reconnects),
-                load(&cells.rereads)
-            ),
-            (2, 1, 1)
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn no_proof_within_the_attempt_timeout_is_checked_by_a_state_read() {
-        let script = Arc::new(Script::default());
-        script.stream(vec![], Then::Hang);
-        script.stream(vec![], Then::Hang);
-        script.states.lock().unwrap().push_back(Ok(active(10, 5)));
-        let running = run(&script);
-        tokio::time::timeout(Duration::from_secs(600), async {
-            while script.calls().len() < 3 {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .expect("a state read and a new stream");
-        assert_eq!(script.calls(), ["watch 4", "get_state", "watch 5"]);
-        assert!(running.response.is_current(), "the state shows it active");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_watch_that_failed_to_open_resumes_from_the_state_without_waiting_for_a_proof() {
-        let script = Arc::new(Script::default());
-        script.refuse(Status::unavailable("no connection yet"));
-        script.states.lock().unwrap().push_back(Ok(active(10, 7)));
-        script.stream(
-            vec![message(vec![event(
-                8,
-                cancelled(10, pb::CancelReason::Requested),
-            )])],
-            Then::Hang,
-        );
-        let running = run(&script);
-        assert_eq!(stopped(&running.response).await, StopReason::Cancelled);
-        // One read: the stream from the state's revision is not held to the
-        // Start's proof (it starts past the Start).
-        assert_eq!(script.calls(), ["watch 4", "get_state", "watch 7"]);
-    }
-}
+mod tests;
