@@ -326,11 +326,9 @@ var implementations = map[string]func(t *testing.T, s scenario){
 		check(t, state(t, session(t, a, "down-then-back")).ResponsesStarted == 1, "one response started")
 	},
 
-	"watch_broken_and_resumed": func(t *testing.T, _ scenario) {
+	"watch_broken_and_resumed": func(t *testing.T, s scenario) {
 		server := startFixture(t)
-		// Linger 0: the watch closes with its last response, as this
-		// scenario expects.
-		a, b := connect(t, server.Proxy, respcoord.WithWatchLinger(0)), connect(t, server.Grpc)
+		a, b := connect(t, server.Proxy, s.lingerOf(t)), connect(t, server.Grpc)
 		response := start(t, session(t, a, "broken-watch"), respcoord.SourceClient)
 		until(t, "A's session watch is open", func() bool { return a.WatchStatus().Opened == 1 })
 		before := a.WatchStatus()

@@ -288,11 +288,10 @@ const implementations: Record<string, Implementation> = {
       assert.equal((await a.session("down-then-back").state()).responsesStarted, 1n);
     }),
 
-  watch_broken_and_resumed: () =>
+  watch_broken_and_resumed: (scenario) =>
     scoped(async (scope) => {
       const server = await fixture(scope);
-      // Linger 0: the watch closes with its last response, as this scenario's last line expects.
-      const a = await scope.client(server.addresses.proxy, { watchLingerMs: 0 });
+      const a = await scope.client(server.addresses.proxy, lingering(scenario));
       const b = await scope.client(server.addresses.grpc);
       const response = await a.session("broken-watch").start("client");
       await until("A's session watch is open", () => a.watchStatus().opened === 1);
