@@ -224,11 +224,9 @@ async def until(what: str, condition: Callable[[], bool]) -> None:
 
 
 @scenario
-async def watch_broken_and_resumed(_: Scenario, servers: Servers) -> None:
+async def watch_broken_and_resumed(spec: Scenario, servers: Servers) -> None:
     server = await servers.fixture()
-    # No linger: the last expect line is about the watch closing with its
-    # last response.
-    a = await servers.client(server.proxy, watch_linger=0.0)
+    a = await servers.client(server.proxy, watch_linger=spec.number("linger_ms") / 1000)
     b = await servers.client(server.grpc)
     response = await a.session("broken-watch").start(respcoord.Source.CLIENT)
     await until("A's session watch is open", lambda: a.watch_status().opened == 1)
@@ -243,7 +241,7 @@ async def watch_broken_and_resumed(_: Scenario, servers: Servers) -> None:
     assert await within("A learns after resuming", response.stopped()) is (
         respcoord.StopReason.SUPERSEDED
     )
-    await until("the watch closes with its last response", lambda: a.watch_status().open == 0)
+    await until("the watch closes after the linger", lambda: a.watch_status().open == 0)
     after = a.watch_status()
     assert after.rereads > before.rereads, f"{before} -> {after}"
 
