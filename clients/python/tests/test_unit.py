@@ -287,6 +287,22 @@ class TestLingeringWatches:
         assert reached.reason is respcoord.StopReason.GONE, "revision 6 <= 8: the read saw it end"
         assert beyond.is_current(), "revision 9 > 8: after the read"
 
+    def test_a_terminated_read_stops_everything_and_ends_the_watch(self) -> None:
+        """Nothing more happens on a terminated session: even a response the
+        read did not cover is stopped, and the watch is over (the next Start
+        opens a new one, with its proof)."""
+        tracks = Tracks()
+        ref = tracks.track("s")
+        order = order_of(tracks.open_watch("s").order)
+        ticket = tracks.ticket()
+        uncovered = Liveness(4)
+        tracks.register(ref, uncovered, 9, True)
+        assert tracks.apply_state(state("s", pb.PHASE_TERMINATED, 0, 3), ticket) is None
+        assert uncovered.reason is respcoord.StopReason.SHUTDOWN
+        assert fired(order)
+        reborn = order_of(tracks.register(ref, Liveness(12), 1, True))
+        assert reborn.expect_started == 12
+
     def test_an_active_read_spares_its_active_response_covered_by_revision(self) -> None:
         tracks = Tracks()
         ref = tracks.track("s")

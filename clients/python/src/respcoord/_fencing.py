@@ -16,8 +16,10 @@ responses, with a fact that is true whenever it is applied:
   lives after teardown, and none starts); the watch is over;
 - state Active(``z``): raise to ``z - 1``, as ``started(z)``; the responses
   the read covered other than ``z`` are gone;
-- state Idle or Terminated: stop every response the read covered (it saw
-  their Starts, and none of them is live);
+- state Idle: stop every response the read covered (it saw their Starts,
+  and none of them is live);
+- state Terminated: stop every registered response, as ``terminated`` does;
+  the watch is over;
 - NOT_FOUND, or a revision below the one the watch had reached: stop every
   response registered before the read was sent, as gone (the session they
   belong to no longer exists).
@@ -462,9 +464,19 @@ class Tracks:
                 StopReason.GONE, lambda r: covered(r) and r.liveness.id != active
             )
             stopped += ((liveness, StopReason.GONE) for liveness in gone)
+        elif state.phase == pb.PHASE_TERMINATED:
+            # Nothing more happens on this session: what is still registered
+            # belongs to no live session either, and the watch is over (the
+            # next Start opens a new one, with its proof).
+            taken = track.take_where(StopReason.SHUTDOWN, _every)
+            stopped += ((liveness, StopReason.SHUTDOWN) for liveness in taken)
+            track.end_watch()
+            self._forget_if_unheld(track.session)
+            _stop(stopped)
+            return None
         else:
-            reason = StopReason.SHUTDOWN if state.phase == pb.PHASE_TERMINATED else StopReason.GONE
-            stopped += ((liveness, reason) for liveness in track.take_where(reason, covered))
+            gone = track.take_where(StopReason.GONE, covered)
+            stopped += ((liveness, StopReason.GONE) for liveness in gone)
         if track.watch is not None:
             track.read = _Read(state.revision, state.phase, state.active_response_id)
         idle = track.idle_notice(before > 0 and not track.responses)
