@@ -199,8 +199,8 @@ pub struct ServeArgs {
     /// Entries kept per session in the bucket when this process creates it:
     /// how many transitions back a Watch `after_revision` can resume (JetStream
     /// caps it at 64).
-    #[arg(long, env = "RESPCOORD_NATS_HISTORY", default_value_t = 16,
-          value_parser = clap::value_parser!(u8).range(1..=64))]
+    #[arg(long, env = "RESPCOORD_NATS_HISTORY", default_value_t = crate::nats::timings::HISTORY,
+          value_parser = clap::value_parser!(u8).range(1..=i64::from(crate::nats::timings::MAX_HISTORY)))]
     pub nats_history: u8,
 
     /// Keep the bucket in NATS memory rather than on disk, when this process
@@ -215,14 +215,16 @@ pub struct ServeArgs {
     pub nats_max_age: Option<Duration>,
 
     /// Longest one JetStream request may take before it is tried again.
-    #[arg(long, env = "RESPCOORD_NATS_TIMEOUT", default_value = "2s", value_parser = positive_duration)]
+    #[arg(long, env = "RESPCOORD_NATS_TIMEOUT", default_value = crate::nats::timings::request_timeout_text(),
+          value_parser = positive_duration)]
     pub nats_timeout: Duration,
 
     /// How long a call rides out a NATS leader election or a timed-out
     /// request, retrying, before it is answered UNAVAILABLE (a client's own
     /// deadline ends it sooner). nats-server elects a new stream leader in
     /// 4 to 9 s after a crash.
-    #[arg(long, env = "RESPCOORD_NATS_PATIENCE", default_value = "10s", value_parser = positive_duration)]
+    #[arg(long, env = "RESPCOORD_NATS_PATIENCE", default_value = crate::nats::timings::patience_text(),
+          value_parser = positive_duration)]
     pub nats_patience: Duration,
 
     /// A NATS `.creds` file (user JWT and nkey seed) to authenticate with.

@@ -42,7 +42,9 @@
 //!   entries, `nats/mirror.rs` each replica's view and fan-out,
 //!   `nats/follow.rs` the stream reader that feeds it, `nats/watch.rs` the
 //!   watches, `nats/expiry.rs` the lease-holding expirer, `nats/failure.rs`
-//!   what a failed store request means, `nats/observed.rs` its counters.
+//!   what a failed store request means, `nats/observed.rs` its counters,
+//!   `nats/timings.rs` every retry count, pause, timeout and bound in one
+//!   table.
 //! - [`events`] — the event log: seq numbering, retention, fan-out to
 //!   watchers, and the one backlog-to-live handover rule.
 //! - [`stats`] — counters of what a backend did (per shard, summed on read),

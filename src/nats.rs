@@ -40,6 +40,7 @@ mod mirror;
 mod observed;
 mod quorum;
 mod setup;
+pub(crate) mod timings;
 mod turnover;
 mod watch;
 #[cfg(test)]
@@ -80,16 +81,6 @@ use crate::{
 };
 pub use observed::{NatsCounts, RETRY_REASONS};
 pub use setup::{NatsError, NatsSecurity, NatsSettings, Secret};
-
-/// Compare-and-set attempts per call before it is answered ABORTED.
-const MAX_ATTEMPTS: usize = 32;
-
-/// Longest ListSessions waits for this replica's mirror to reach the
-/// bucket's last write before answering UNAVAILABLE.
-const LIST_CATCH_UP: Duration = Duration::from_secs(10);
-
-/// Entries this replica remembers having written (see `EntryCache`).
-const ENTRY_CACHE_CAPACITY: usize = 65_536;
 
 /// The key quorum points are written to (see `Inner::quorum_point`): not a
 /// session key, so the follower only counts it as progress; one key for
@@ -166,10 +157,6 @@ fn mint(last_response: u64, unix_nanos: i64) -> ResponseId {
         .saturating_add(1)
         .max(u64::try_from(unix_nanos).unwrap_or(0));
     ResponseId::new(minted).unwrap_or(ResponseId::MIN)
-}
-
-fn millis(duration: Duration) -> Millis {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn unavailable(error: impl std::fmt::Display) -> CoordError {
@@ -308,7 +295,7 @@ impl NatsCoordinator {
             nudge: Arc::clone(&nudge),
         };
         tokio::spawn(following.run(follower.clone()));
-        let touch_interval = (millis(config.idle_ttl) / 8).clamp(1, 60_000);
+        let touch_interval = timings::touch_interval(config.idle_ttl);
         let patience = settings.patience;
         let quorum_points = quorum_points(&kv, &observed, &turnover, patience);
         Ok(Self {
@@ -317,10 +304,10 @@ impl NatsCoordinator {
                 stream,
                 mirror,
                 locks: KeyedLocks::new(config.shards),
-                cache: EntryCache::new(config.shards, ENTRY_CACHE_CAPACITY),
+                cache: EntryCache::new(config.shards, timings::ENTRY_CACHE_CAPACITY),
                 ttls: Ttls {
-                    idle: millis(config.idle_ttl).saturating_add(touch_interval),
-                    tombstone: millis(config.tombstone_ttl),
+                    idle: timings::millis(config.idle_ttl).saturating_add(touch_interval),
+                    tombstone: timings::millis(config.tombstone_ttl),
                 },
                 touch_interval,
                 patience: settings.patience,
@@ -414,7 +401,7 @@ impl NatsCoordinator {
         page_size: usize,
         after: Option<SessionId>,
     ) -> Result<SessionPage, CoordError> {
-        self.inner.quorum_point(LIST_CATCH_UP).await?;
+        self.inner.quorum_point(timings::LIST_CATCH_UP).await?;
         let (sessions, next, seq) = self
             .inner
             .mirror
@@ -523,7 +510,7 @@ impl Inner {
     /// node a partition has already deposed (docs/cluster.md, "Consistency
     /// each call gets"). Calls asking at once share one (`quorum`).
     /// The mirror is given `patience` to reach the point; every
-    /// `follow::NUDGE_AFTER` it has not, the follower is nudged to read what
+    /// `timings::NUDGE_AFTER` it has not, the follower is nudged to read what
     /// it misses (a read that found no stream leader is tried again at the
     /// next nudge, not left to the follower's stall check).
     async fn quorum_point(&self, patience: Duration) -> Result<u64, CoordError> {
@@ -537,7 +524,7 @@ impl Inner {
         let caught_up = self.mirror.caught_up_to(point);
         tokio::pin!(caught_up);
         loop {
-            let look = follow::NUDGE_AFTER
+            let look = timings::NUDGE_AFTER
                 .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
             if tokio::time::timeout(look, &mut caught_up).await.is_ok() {
                 return Ok(point);
@@ -787,7 +774,8 @@ impl Inner {
     /// that out (`Step`): a write with compare-and-set over the revision read
     /// (`write`, which knows a write whose answer was lost), or an answer
     /// that writes nothing once `confirmed`. A conflict or an unconfirmed
-    /// answer goes round again from a fresh read, up to `MAX_ATTEMPTS`.
+    /// answer goes round again from a fresh read, up to
+    /// `timings::MAX_ATTEMPTS`.
     async fn compare_and_set<T>(
         &self,
         id: &SessionId,
@@ -797,7 +785,7 @@ impl Inner {
     ) -> Result<T, CoordError> {
         let key = entry::key(id);
         let (mut lost, mut unconfirmed) = (0_u32, 0_u32);
-        for _ in 0..MAX_ATTEMPTS {
+        for _ in 0..timings::MAX_ATTEMPTS {
             let read = match cached.take() {
                 Some((revision, entry)) => Read::Live { revision, entry },
                 None => self.read(id, &key, &mut patience).await?,

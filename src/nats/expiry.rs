@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::Operation;
 
-use super::{entry, Inner, NatsCoordinator, Read, Step};
+use super::{entry, timings, Inner, NatsCoordinator, Read, Step};
 use crate::{
     decision::{self, Decision, Expired, ExpiryDecision, Stamp},
     error::CoordError,
@@ -33,18 +33,6 @@ use crate::{
 
 /// The lease's key (outside the session key space).
 const LEASE_KEY: &str = "lease.expirer";
-
-/// Sessions handled per sweep before the lease is renewed again.
-const SWEEP_BATCH: usize = 4096;
-
-fn sweep_interval(coordinator: &NatsCoordinator) -> Duration {
-    let shortest = coordinator
-        .inner
-        .config
-        .idle_ttl
-        .min(coordinator.inner.config.tombstone_ttl);
-    (shortest / 10).clamp(Duration::from_millis(50), Duration::from_secs(5))
-}
 
 /// Takes or renews the lease; true if this replica holds it now.
 async fn hold_lease(coordinator: &NatsCoordinator, lease: Duration) -> bool {
@@ -81,8 +69,9 @@ async fn hold_lease(coordinator: &NatsCoordinator, lease: Duration) -> bool {
 
 pub(super) async fn run(coordinator: NatsCoordinator, stop: impl std::future::Future<Output = ()>) {
     tokio::pin!(stop);
-    let interval = sweep_interval(&coordinator);
-    let lease = interval * 3;
+    let config = &coordinator.inner.config;
+    let interval = timings::sweep_interval(config.idle_ttl, config.tombstone_ttl);
+    let lease = interval * timings::LEASE_SWEEPS;
     let mut holding = false;
     loop {
         tokio::select! {
@@ -102,9 +91,12 @@ pub(super) async fn run(coordinator: NatsCoordinator, stop: impl std::future::Fu
         let Some(now) = inner.clock.now() else {
             continue;
         };
-        let due = inner
-            .mirror
-            .due(now, inner.ttls.idle, inner.ttls.tombstone, SWEEP_BATCH);
+        let due = inner.mirror.due(
+            now,
+            inner.ttls.idle,
+            inner.ttls.tombstone,
+            timings::SWEEP_BATCH,
+        );
         for id in due {
             if let Err(error) = inner.expire(&id).await {
                 tracing::warn!(session_id = %id, %error, "expiry deferred");

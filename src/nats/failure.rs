@@ -29,6 +29,7 @@ use tokio::time::Instant;
 
 use super::{
     observed::{NatsStats, RetryReason, StoreOp},
+    timings::{FIRST_PAUSE, LONGEST_PAUSE, SETTLING, SETTLING_PAUSE, SLOW_REQUEST},
     turnover::Turnovers,
 };
 use crate::error::CoordError;
@@ -159,9 +160,10 @@ impl Kind {
 }
 
 /// How long one call keeps trying through transient store failures, and
-/// the pause between tries (doubling from 20 ms to 250 ms): long enough to
-/// ride out a stream leader election (nats-server's Raft elects in 4 to 9
-/// s), bounded so no call waits forever. A client whose own deadline is
+/// the pause between tries (doubling from [`FIRST_PAUSE`] to
+/// [`LONGEST_PAUSE`]): long enough to ride out a stream leader election
+/// (nats-server's Raft elects in 4 to 9 s), bounded so no call waits
+/// forever. A client whose own deadline is
 /// shorter ends the call sooner.
 ///
 /// A turnover (`turnover`: the stream's leader moved, the connection broke
@@ -171,8 +173,8 @@ impl Kind {
 /// (`landed`). For [`SETTLING`] after a turnover the pause stays at most
 /// [`SETTLING_PAUSE`]: a replica that reconnected to a node just restarted
 /// by SIGTERM meets "no responders" until that node has its routes and
-/// JetStream back, a few hundred milliseconds, and a pause grown to 250 ms
-/// added that much again to every call (`respcoord-bench failover`,
+/// JetStream back, a few hundred milliseconds, and a pause grown to
+/// [`LONGEST_PAUSE`] added that much again to every call (`respcoord-bench failover`,
 /// docs/cluster.md). Outside that window a long outage (an election after
 /// a crash) keeps the longer pause, so waiting calls do not storm it.
 pub(super) struct Patience {
@@ -180,13 +182,6 @@ pub(super) struct Patience {
     pause: Duration,
     turnovers: Turnovers,
 }
-
-const FIRST_PAUSE: Duration = Duration::from_millis(20);
-const LONGEST_PAUSE: Duration = Duration::from_millis(250);
-/// How long after a turnover the cluster counts as settling.
-pub(super) const SETTLING: Duration = Duration::from_secs(2);
-/// The longest pause while it is.
-pub(super) const SETTLING_PAUSE: Duration = Duration::from_millis(40);
 
 impl Patience {
     pub(super) fn new(patience: Duration, turnovers: Turnovers) -> Self {
@@ -254,7 +249,7 @@ impl Patience {
             };
             let took = sent.elapsed();
             stats.round_trip(op, took);
-            if took > Duration::from_millis(200) {
+            if took > SLOW_REQUEST {
                 tracing::debug!(?op, ?took, ok = answer.is_ok(), "slow store request");
             }
             match answer {

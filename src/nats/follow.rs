@@ -16,6 +16,10 @@ use super::{
     entry,
     mirror::{KeyUpdate, Mirror, MirrorState},
     observed::NatsStats,
+    timings::{
+        FIRST_RESTART_DELAY, MAX_RESTART_DELAY, NUDGED_READ_BUDGET, NUDGE_AFTER, STALL_CHECK,
+        STALL_INFO_TIMEOUT,
+    },
     turnover::Turnovers,
 };
 use crate::ids::SessionId;
@@ -189,23 +193,13 @@ pub struct Follower {
     pub nudge: Arc<Notify>,
 }
 
-/// How long a call waits for the mirror to reach its quorum point before it
-/// nudges the follower (`Follower::nudge`). The follower's consumer
-/// normally delivers within a millisecond of the write; this long means it
-/// is being recreated, waiting on a JetStream meta leader, or dead.
-pub const NUDGE_AFTER: Duration = Duration::from_millis(100);
-
-/// Longest a nudged catch-up reads by sequence before the follower goes
-/// back to its consumer (reads resume at the next nudge).
-const NUDGED_READ_BUDGET: Duration = Duration::from_millis(250);
-
 impl Follower {
     /// Follows the stream from where the mirror is until `stop`: its own
     /// reconnect loop (a fresh ordered consumer from the next sequence after
     /// any error or turnover), rather than trusting a client-side watch to
     /// resume; nothing delivered is read again.
     pub async fn run(mut self, stop: CancellationToken) {
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = FIRST_RESTART_DELAY;
         loop {
             let start = self.mirror.stream_seq() + 1;
             let ended = tokio::select! {
@@ -343,7 +337,7 @@ impl Follower {
             if let Err(why) = self.apply_delivered(&message).await {
                 return why;
             }
-            *backoff = Duration::from_millis(50);
+            *backoff = FIRST_RESTART_DELAY;
         }
     }
 
@@ -388,23 +382,6 @@ async fn skipped(
         .map(|message| message.sequence)
         .filter(|&sequence| sequence < to))
 }
-
-/// The longest pause between follower restarts. Short: while the follower
-/// is down this replica's watchers see nothing, and a session written more
-/// than the bucket's per-key history in the meantime leaves a gap.
-const MAX_RESTART_DELAY: Duration = Duration::from_millis(250);
-
-/// How long the follower waits for a message before it asks whether the
-/// stream is really quiet. The client's ordered consumer notices a dead
-/// server only after two missed heartbeats (10 s); a follower that stalls
-/// that long leaves this replica's watchers and listings behind. With
-/// `STALL_INFO_TIMEOUT` and the second look, a dead consumer is noticed
-/// within about 2 s of its last message.
-const STALL_CHECK: Duration = Duration::from_secs(1);
-
-/// Longest the stall check waits for the stream's info: a stream leader
-/// that cannot answer in this long is itself a reason to start over.
-const STALL_INFO_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Whether the stream holds messages the mirror has not seen and the
 /// consumer is not delivering them (checked twice, so a message merely in

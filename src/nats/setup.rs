@@ -9,7 +9,7 @@ use async_nats::jetstream::{
     stream::{DiscardPolicy, StorageType},
 };
 
-use super::{observed::NatsStats, turnover::Turnover};
+use super::{observed::NatsStats, timings, turnover::Turnover};
 
 /// How to reach and lay out the bucket.
 #[derive(Clone, Debug)]
@@ -47,9 +47,9 @@ impl Default for NatsSettings {
             url: "nats://127.0.0.1:4222".into(),
             bucket: "respcoord".into(),
             replicas: 1,
-            history: 16,
-            request_timeout: Duration::from_secs(2),
-            patience: Duration::from_secs(10),
+            history: timings::HISTORY,
+            request_timeout: timings::REQUEST_TIMEOUT,
+            patience: timings::PATIENCE,
             security: NatsSecurity::default(),
             memory_storage: false,
             max_age: Duration::ZERO,
@@ -224,7 +224,7 @@ pub(super) async fn open_bucket(
             }
             std::future::ready(())
         })
-        .connection_timeout(settings.request_timeout.max(Duration::from_secs(1)))
+        .connection_timeout(settings.request_timeout.max(timings::CONNECT_TIMEOUT_FLOOR))
         .request_timeout(Some(settings.request_timeout))
         // A comma-separated list of seeds: the client fails over among
         // them (and learns the rest of the cluster from the servers).
@@ -365,7 +365,7 @@ async fn ensure_bucket(
         name,
         description: Some("respcoord sessions (one entry per session)".into()),
         subjects: vec![format!("$KV.{}.>", settings.bucket)],
-        max_messages_per_subject: i64::from(settings.history.clamp(1, 64)),
+        max_messages_per_subject: i64::from(settings.history.clamp(1, timings::MAX_HISTORY)),
         storage: if settings.memory_storage {
             StorageType::Memory
         } else {
