@@ -18,7 +18,9 @@ package respcoord
 //	terminated                      -> stop every registered response
 //	state Active(z)                 -> raise to z-1 (as started(z)), and stop, as gone,
 //	                                   every response registered before the read that is not z
-//	state Idle or Terminated        -> stop every response registered before the read was sent
+//	state Idle                      -> stop every response the read covered (registered
+//	                                   before it was sent, or whose Start it reached)
+//	state Terminated                -> stop every registered response; the watch is over
 //	NOT_FOUND, or a lower revision  -> stop, as gone, every response registered before the
 //	than the watch had reached         read was sent (their session no longer exists)
 //
@@ -541,7 +543,12 @@ func (t *tracks) applyState(session string, s SessionState, ticket uint64) (idle
 		idle = t.raiseLocked(session, tr, below(active), StopSuperseded)
 		idle = append(idle, t.stopWhereLocked(session, tr, StopGone, func(r registered) bool { return covered(r) && r.l.id != active })...)
 	case PhaseTerminated:
-		idle = t.stopWhereLocked(session, tr, StopShutdown, covered)
+		// Nothing more happens on this session: what is still registered
+		// belongs to no live session either, and the watch is over (a
+		// later Start opens a new one, with proof), as after terminated.
+		t.stopWhereLocked(session, tr, StopShutdown, func(registered) bool { return true })
+		t.closeWatchLocked(session, tr)
+		return nil, false
 	default:
 		idle = t.stopWhereLocked(session, tr, StopGone, covered)
 	}

@@ -672,3 +672,28 @@ func TestAReadThatCannotDecideALaterStartIsTakenAgain(t *testing.T) {
 	}
 	wantCurrent(t, c)
 }
+
+func TestATerminatedReadStopsEveryResponseAndEndsTheWatch(t *testing.T) {
+	tr := newTracks()
+	tr.track("s")
+	order, _ := tr.openWatch("s")
+	if order == nil || !order.readFirst {
+		t.Fatalf("openWatch: %+v; want a read-first order", order)
+	}
+	ticket := tr.ticket()
+	// Not covered by the read (registered after it was sent, a Start past
+	// its revision): stopped all the same, nothing lives after teardown.
+	uncovered, _ := startOn(tr, "s", 4, 9, true)
+	idle, retake := tr.applyState("s", SessionState{Phase: PhaseTerminated, Revision: 3}, ticket)
+	if idle != nil || retake {
+		t.Fatalf("idle %v, retake %v; want neither: the watch is over", idle, retake)
+	}
+	wantStopped(t, uncovered, StopShutdown)
+	if tr.watched("s") || order.ctx.Err() == nil {
+		t.Fatal("the watch outlived a terminated read")
+	}
+	_, reborn := startOn(tr, "s", 12, 1, true)
+	if reborn == nil || reborn.expectStarted != 12 {
+		t.Fatalf("the next Start: %+v; want a new watch with its proof", reborn)
+	}
+}
