@@ -40,6 +40,8 @@ mod connect;
 mod fencing;
 mod response;
 mod retry;
+#[cfg(test)]
+mod test_events;
 mod watch;
 
 use std::{sync::Arc, time::Duration};

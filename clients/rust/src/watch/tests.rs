@@ -1,7 +1,11 @@
 use std::collections::VecDeque;
 
 use super::*;
-use crate::{fencing::Liveness, StopReason};
+use crate::{
+    fencing::Liveness,
+    test_events::{self, cancel_requested, started},
+    StopReason,
+};
 
 /// How a scripted stream goes on once its messages are delivered.
 enum Then {
@@ -112,38 +116,11 @@ fn message(events: Vec<pb::LifecycleEvent>) -> pb::WatchResponse {
 }
 
 fn event(revision: u64, kind: Kind) -> pb::LifecycleEvent {
-    pb::LifecycleEvent {
-        session_id: "s".into(),
-        revision,
-        seq: revision,
-        unix_nanos: 0,
-        kind: Some(kind),
-    }
-}
-
-fn started(id: u64) -> Kind {
-    Kind::Started(pb::ResponseStarted {
-        response_id: id,
-        source: pb::Source::Client.into(),
-    })
-}
-
-fn cancelled(id: u64, reason: pb::CancelReason) -> Kind {
-    Kind::CancelRequested(pb::ResponseCancelRequested {
-        response_id: id,
-        reason: reason.into(),
-        source: pb::Source::Unspecified.into(),
-    })
+    test_events::event("s", revision, kind)
 }
 
 fn active(id: u64, revision: u64) -> pb::SessionState {
-    pb::SessionState {
-        session_id: "s".into(),
-        phase: pb::Phase::Active.into(),
-        active_response_id: id,
-        revision,
-        ..Default::default()
-    }
+    test_events::state("s", pb::Phase::Active, id, revision)
 }
 
 /// Response 10, whose Start reply carried revision 5, and its session's
@@ -213,7 +190,7 @@ async fn a_stop_replayed_after_the_proof_of_the_start_stops_the_response() {
         vec![
             message(vec![event(5, started(10))]),
             message(vec![
-                event(6, cancelled(10, pb::CancelReason::Superseded)),
+                event(6, cancel_requested(10, pb::CancelReason::Superseded)),
                 event(8, started(11)),
             ]),
         ],
@@ -270,7 +247,7 @@ async fn a_broken_stream_resumes_from_the_state_it_read() {
     script.stream(
         vec![message(vec![event(
             7,
-            cancelled(10, pb::CancelReason::Requested),
+            cancel_requested(10, pb::CancelReason::Requested),
         )])],
         Then::Hang,
     );
@@ -316,7 +293,7 @@ async fn a_watch_that_failed_to_open_resumes_from_the_state_without_waiting_for_
     script.stream(
         vec![message(vec![event(
             8,
-            cancelled(10, pb::CancelReason::Requested),
+            cancel_requested(10, pb::CancelReason::Requested),
         )])],
         Then::Hang,
     );
@@ -333,7 +310,10 @@ async fn a_stopped_response_leaves_its_watch_open_for_the_linger() {
     script.stream(
         vec![
             message(vec![event(5, started(10))]),
-            message(vec![event(6, cancelled(10, pb::CancelReason::Requested))]),
+            message(vec![event(
+                6,
+                cancel_requested(10, pb::CancelReason::Requested),
+            )]),
         ],
         Then::Hang,
     );
@@ -357,7 +337,7 @@ async fn a_watch_opened_ahead_of_a_new_session_reads_then_watches_from_its_first
     script.stream(
         vec![message(vec![
             event(1, started(10)),
-            event(2, cancelled(10, pb::CancelReason::Requested)),
+            event(2, cancel_requested(10, pb::CancelReason::Requested)),
         ])],
         Then::Hang,
     );
@@ -385,7 +365,10 @@ async fn a_watch_opened_ahead_of_an_active_session_watches_from_the_state_it_rea
     script.stream(
         vec![
             message(vec![event(6, started(10))]),
-            message(vec![event(7, cancelled(10, pb::CancelReason::Superseded))]),
+            message(vec![event(
+                7,
+                cancel_requested(10, pb::CancelReason::Superseded),
+            )]),
         ],
         Then::Hang,
     );
