@@ -12,7 +12,8 @@
 //! conflict (another replica wrote first, or the read was stale) costs one
 //! retry; nothing is written twice. An answer that writes nothing (a replay,
 //! a call that changes nothing, a refusal) stands only once a quorum point
-//! shows its entry still the key's latest (`Inner::confirmed`). The entry
+//! shows its entry still the key's latest (`Inner::confirmed`), or once
+//! its entry is written back unchanged (`Inner::rewrite`). The entry
 //! carries the new state and the transition's events (`entry`), so the reply
 //! is sent only once both are durable in the bucket.
 //!
@@ -23,10 +24,14 @@
 //! inside the same compare-and-set path, so even two expirers at once could
 //! not expire a session twice.
 //!
-//! See `docs/cluster.md` for the consistency each call gets and what each
-//! failure does.
+//! Where: this file assembles a replica and serves the calls; `call` runs a
+//! call's attempts, `requests` the store requests each makes (through
+//! `failure::Patience`), and `timings` holds every retry count, pause,
+//! timeout and bound. See `docs/cluster.md` for the consistency each call
+//! gets and what each failure does.
 
 mod cache;
+mod call;
 #[cfg(test)]
 mod call_tests;
 mod clock;
@@ -39,6 +44,7 @@ mod locks;
 mod mirror;
 mod observed;
 mod quorum;
+mod requests;
 mod setup;
 pub(crate) mod timings;
 mod turnover;
@@ -51,41 +57,27 @@ use std::{
     time::Duration,
 };
 
-use async_nats::jetstream::{
-    self,
-    kv::{self, Operation},
-};
+use async_nats::jetstream::{self, kv};
 use tokio_util::sync::CancellationToken;
 
 use self::{
-    cache::EntryCache,
-    clock::StreamClock,
-    failure::{Patience, StoreFailure},
-    landed::Landed,
-    locks::KeyedLocks,
-    observed::{NatsStats, StoreOp},
-    quorum::QuorumPoints,
-    turnover::Turnover,
+    cache::EntryCache, clock::StreamClock, failure::Patience, locks::KeyedLocks,
+    observed::NatsStats, quorum::QuorumPoints, requests::quorum_points, turnover::Turnover,
 };
 use crate::{
-    decision::{self, Changed, Decision, Effect, Presence, Room, Stamp, Started},
+    decision::{Changed, Started},
     error::CoordError,
     events::{EventLog, LogLimits},
     ids::{RequestId, ResponseId, SessionId, SessionScope},
-    machine::{Call, FinishStatus, Outcome, Phase, Source, TeardownReason},
+    machine::{Call, FinishStatus, Source, TeardownReason},
     nats::mirror::Mirror,
-    session::{self, Millis, Session, SessionSnapshot, Ttls},
+    session::{Millis, SessionSnapshot, Ttls},
     shared::{Clock, CoordConfig, PageToken, SessionPage},
     stats::CoordStats,
     sync::Mutex,
 };
 pub use observed::{NatsCounts, RETRY_REASONS};
 pub use setup::{NatsError, NatsSecurity, NatsSettings, Secret};
-
-/// The key quorum points are written to (see `Inner::quorum_point`): not a
-/// session key, so the follower only counts it as progress; one key for
-/// every replica, so the bucket's per-key history bounds what it keeps.
-const QUORUM_POINT_KEY: &str = "quorum.point";
 
 /// A replica of the NATS-backed coordinator: cheap to clone.
 #[derive(Clone)]
@@ -148,106 +140,8 @@ fn unix_millis() -> Millis {
     u64::try_from(Clock::unix_nanos() / 1_000_000).unwrap_or(0)
 }
 
-/// The id a Start written now gives its response: above every id the
-/// session minted, and at least the wall clock in nanoseconds, so ids keep
-/// rising across a forgotten session's successor too (docs/cluster.md on
-/// clocks).
-fn mint(last_response: u64, unix_nanos: i64) -> ResponseId {
-    let minted = last_response
-        .saturating_add(1)
-        .max(u64::try_from(unix_nanos).unwrap_or(0));
-    ResponseId::new(minted).unwrap_or(ResponseId::MIN)
-}
-
 fn unavailable(error: impl std::fmt::Display) -> CoordError {
     CoordError::Unavailable(error.to_string())
-}
-
-/// A session's entry as read: its stored record, or nothing (never created,
-/// or forgotten) with the revision a create must expect.
-enum Read {
-    Live { revision: u64, entry: entry::Entry },
-    Absent { revision: u64 },
-}
-
-impl Read {
-    /// The entry read and its revision, if an answer decided on it may be
-    /// confirmed by writing it back (`Inner::rewrite`): a live session's.
-    /// A terminated one's is not rewritten (that would move the time it is
-    /// forgotten after), and nothing else writes it but a touch.
-    fn rewritable(&self) -> Option<(u64, entry::Entry)> {
-        match self {
-            Read::Live { revision, entry } if entry.persisted.phase != Phase::Terminated => {
-                Some((*revision, entry.clone()))
-            }
-            _ => None,
-        }
-    }
-
-    /// The KV revision of a stored record read, `None` for an absent one:
-    /// what `Inner::confirmed` checks an answer without a write against.
-    fn live_revision(&self) -> Option<u64> {
-        match self {
-            Read::Live { revision, .. } => Some(*revision),
-            Read::Absent { .. } => None,
-        }
-    }
-}
-
-/// What one attempt of `Inner::compare_and_set` does with what it read.
-enum Step<T> {
-    /// The answer stands as it is (expiry's "nothing to do").
-    Stands(Result<T, CoordError>),
-    /// An answer that writes nothing: it stands once the entry it was
-    /// decided on (`read`, as `Read::live_revision`) is confirmed the key's
-    /// latest at a quorum point, else the call goes round again.
-    Confirm {
-        read: Option<u64>,
-        answer: Result<T, CoordError>,
-    },
-    /// Write `entry` if the key is still at `expected`, then answer; the
-    /// entry is remembered in the cache if `cache`, else the cached one is
-    /// dropped.
-    Write {
-        expected: u64,
-        entry: entry::Entry,
-        cache: bool,
-        answer: T,
-    },
-    /// Purge a forgotten session's entry if the key is still at
-    /// `expected`, then answer.
-    Purge { expected: u64, answer: T },
-}
-
-impl<T> Step<T> {
-    fn confirm(read: Option<u64>, answer: Result<T, CoordError>) -> Self {
-        Step::Confirm { read, answer }
-    }
-}
-
-/// Quorum points (`Inner::quorum_point`) written to `kv`, each with
-/// `patience` for transient store failures.
-fn quorum_points(
-    kv: &kv::Store,
-    observed: &Arc<NatsStats>,
-    turnover: &Arc<Turnover>,
-    patience: Duration,
-) -> Arc<QuorumPoints> {
-    let (kv, observed, turnover) = (kv.clone(), Arc::clone(observed), Arc::clone(turnover));
-    QuorumPoints::new(Arc::new(move || {
-        let (kv, observed) = (kv.clone(), Arc::clone(&observed));
-        let turnovers = turnover.subscribe();
-        Box::pin(async move {
-            Patience::new(patience, turnovers)
-                .retry(&observed, StoreOp::QuorumPoint, || async {
-                    kv.put(QUORUM_POINT_KEY, bytes::Bytes::new())
-                        .await
-                        .map_err(|error| StoreFailure::of(&error))
-                })
-                .await
-                .map_err(|failure| failure.into_error().to_string())
-        })
-    }))
 }
 
 impl NatsCoordinator {
@@ -449,438 +343,5 @@ impl Inner {
     /// any stamp arrived, which only a bucket without a single entry sees.
     fn now(&self) -> Millis {
         self.clock.now().unwrap_or_else(unix_millis)
-    }
-
-    /// The session's entry from the stream leader, its last activity taken
-    /// from the stream's stamp (`clock`).
-    async fn read(
-        &self,
-        id: &SessionId,
-        key: &str,
-        patience: &mut Patience,
-    ) -> Result<Read, CoordError> {
-        #[cfg(test)]
-        let stale = self
-            .stale_reads
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(key);
-        #[cfg(not(test))]
-        let stale = None;
-        let stored = patience
-            .retry(&self.observed, StoreOp::Read, || async {
-                match stale {
-                    Some(revision) => self.kv.entry_for_revision(key, revision).await,
-                    None => self.kv.entry(key).await,
-                }
-                .map_err(|error| StoreFailure::of(&error))
-            })
-            .await
-            .map_err(StoreFailure::into_error)?;
-        let Some(stored) = stored else {
-            return Ok(Read::Absent { revision: 0 });
-        };
-        let stamp = clock::stamp_millis(stored.created.unix_timestamp_nanos());
-        self.clock.observe(stamp);
-        if stored.operation != Operation::Put {
-            return Ok(Read::Absent {
-                revision: stored.revision,
-            });
-        }
-        match entry::decode(&stored.value) {
-            Ok(mut entry) => {
-                entry.persisted.since = clock::last_activity(entry.persisted.since, stamp);
-                Ok(Read::Live {
-                    revision: stored.revision,
-                    entry,
-                })
-            }
-            Err(error) => Err(CoordError::Unreadable {
-                session: id.clone(),
-                reason: error.to_string(),
-            }),
-        }
-    }
-
-    /// A point in the bucket's history after this call arrived that a
-    /// quorum of JetStream nodes committed, with this replica's mirror caught
-    /// up to it: the mirror then holds every write acknowledged before the
-    /// call. It is a write because only a write proves its leader is still
-    /// the leader; a read, even from the stream leader, can be served by a
-    /// node a partition has already deposed (docs/cluster.md, "Consistency
-    /// each call gets"). Calls asking at once share one (`quorum`).
-    /// The mirror is given `patience` to reach the point; every
-    /// `timings::NUDGE_AFTER` it has not, the follower is nudged to read what
-    /// it misses (a read that found no stream leader is tried again at the
-    /// next nudge, not left to the follower's stall check).
-    async fn quorum_point(&self, patience: Duration) -> Result<u64, CoordError> {
-        if crate::shared::faults::unconfirmed_reads() {
-            // Whatever the mirror holds stands, as before the fix.
-            return Ok(0);
-        }
-        let point = self.quorum_points.point().await.map_err(unavailable)?;
-        self.observed.saw_stream_seq(point);
-        let deadline = tokio::time::Instant::now() + patience;
-        let caught_up = self.mirror.caught_up_to(point);
-        tokio::pin!(caught_up);
-        loop {
-            let look = timings::NUDGE_AFTER
-                .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-            if tokio::time::timeout(look, &mut caught_up).await.is_ok() {
-                return Ok(point);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(unavailable(
-                    "this replica's view of the bucket is behind; retry",
-                ));
-            }
-            tracing::debug!(
-                point,
-                mirror = self.mirror.stream_seq(),
-                "mirror behind a quorum point; nudging the follower"
-            );
-            self.nudge.notify_one();
-        }
-    }
-
-    /// Whether the entry an answer that writes nothing was decided on (its
-    /// KV revision; `None` for an absent session) was still the key's
-    /// latest at a quorum point after the call arrived: then the answer is
-    /// linearizable at that point. A stale read (a deposed leader's, or this
-    /// replica's cache) is not, and the call is decided again. A write by
-    /// someone else after the point does not undo it (`Mirror::latest_at`),
-    /// so a busy session does not send its no-op calls round and round.
-    async fn confirmed(
-        &self,
-        id: &SessionId,
-        read: Option<u64>,
-        patience: &Patience,
-    ) -> Result<bool, CoordError> {
-        let point = self.quorum_point(patience.remaining()).await?;
-        Ok(self.mirror.latest_at(id, point) == Some(read))
-    }
-
-    /// Writes `value` if the key is still at `expected`: the new revision,
-    /// or `None` when another write came first. A transient failure is
-    /// tried again with the same bytes and expectation; if an earlier try
-    /// landed after all, the retry meets a conflict, and whether this write
-    /// is what moved the key is read from the stream (`landed`).
-    async fn write(
-        &self,
-        key: &str,
-        value: &bytes::Bytes,
-        expected: u64,
-        patience: &mut Patience,
-    ) -> Result<Option<u64>, CoordError> {
-        if crate::shared::faults::unguarded_writes() {
-            return self
-                .kv
-                .put(key, value.clone())
-                .await
-                .map(Some)
-                .map_err(unavailable);
-        }
-        let mut tries = 0_u32;
-        let written = patience
-            .retry(&self.observed, StoreOp::Write, || {
-                tries += 1;
-                async {
-                    #[cfg(test)]
-                    if let Some(meanwhile) = self.take_lost_answer(key) {
-                        return self
-                            .land_and_lose_the_answer(key, value, expected, meanwhile)
-                            .await;
-                    }
-                    self.kv
-                        .update(key, value.clone(), expected)
-                        .await
-                        .map_err(|error| StoreFailure::of(&error))
-                }
-            })
-            .await;
-        match written {
-            Ok(revision) => Ok(Some(revision)),
-            Err(StoreFailure::Conflict) if tries > 1 => {
-                match self.landed(key, expected, value, patience).await? {
-                    Landed::At(revision) => Ok(Some(revision)),
-                    Landed::No => Ok(None),
-                }
-            }
-            Err(StoreFailure::Conflict) => Ok(None),
-            Err(failure) => Err(failure.into_error()),
-        }
-    }
-
-    /// Removes a forgotten session's entry if the key is still at
-    /// `expected`: `false` on a conflict.
-    async fn purge(
-        &self,
-        key: &str,
-        expected: u64,
-        patience: &mut Patience,
-    ) -> Result<bool, CoordError> {
-        let purged = patience
-            .retry(&self.observed, StoreOp::Purge, || async {
-                self.kv
-                    .purge_expect_revision(key, Some(expected))
-                    .await
-                    .map_err(|error| StoreFailure::of(&error))
-            })
-            .await;
-        match purged {
-            Ok(()) => Ok(true),
-            Err(StoreFailure::Conflict) => Ok(false),
-            Err(failure) => Err(failure.into_error()),
-        }
-    }
-
-    /// The one path every call that may change a session takes: the shared
-    /// decision (`decision::decide`) under this replica's per-session lock,
-    /// written with compare-and-set against the revision it was decided on
-    /// (`compare_and_set`).
-    async fn call(&self, id: &SessionId, call: &Call) -> Result<Decision, CoordError> {
-        let _serialized = self.locks.lock(id).await;
-        // The entry this replica last wrote saves the read: a write against
-        // it that succeeds proves it was current. An answer that writes
-        // nothing proves nothing by itself, so it stands only once confirmed
-        // at a quorum point (`confirmed`), else it is decided again from a
-        // fresh read.
-        let cached = self.cache.take(id);
-        let decision = self
-            .compare_and_set(id, cached, self.patience(), |read| {
-                self.decide_call(id, call, read)
-            })
-            .await?;
-        self.count(call, &decision);
-        Ok(decision)
-    }
-
-    /// One attempt of a call: the shared decision on what was read, and
-    /// what it writes, if anything.
-    fn decide_call(&self, id: &SessionId, call: &Call, read: Read) -> Step<Decision> {
-        let stream_now = self.clock.now();
-        let now = stream_now.unwrap_or_else(unix_millis);
-        let read_revision = read.live_revision();
-        let (expected, mut session, last_response, presence) = self.session_of(read, now);
-        // Before the decision touches the session: due by the stored time.
-        // Unlike GetState's (`decide_touch`), a call's touch is due on a
-        // tombstone too, as it always was.
-        let touch_due = session.touch_due(now, self.touch_interval);
-        let nanos = Clock::unix_nanos();
-        let stamp = Stamp {
-            first_seq: 0,
-            unix_nanos: nanos,
-            new_response: mint(last_response, nanos),
-        };
-        let decision = match decision::decide(&mut session, presence, id, call, now) {
-            Ok(decided) => decided.settle(stamp, 0),
-            // A refusal (not found, terminated, full) is an answer that
-            // writes nothing too.
-            Err(refusal) => return Step::confirm(read_revision, Err(refusal)),
-        };
-        if !decision.changed() && !touch_due {
-            return Step::confirm(read_revision, Ok(decision));
-        }
-        let last_response = match (&decision.effect, decision.reply) {
-            (Effect::Changed { .. }, Outcome::Started { response, .. }) => response.get(),
-            _ => last_response,
-        };
-        let entry = entry::Entry::written(session.persisted(), last_response, &decision, nanos);
-        Step::Write {
-            expected,
-            entry,
-            // Decided before this replica knew the stream's clock, the
-            // entry holds a time of its own clock, which a later touch
-            // check must not trust: the next call reads the stamped one.
-            cache: stream_now.is_some(),
-            answer: decision,
-        }
-    }
-
-    /// The session a call is decided on, from what was read: the revision
-    /// a write must expect, the session, the last response id it minted,
-    /// and whether it is stored (or, absent, whether there is room for it).
-    fn session_of(&self, read: Read, now: Millis) -> (u64, Session, u64, Presence) {
-        match read {
-            Read::Live { revision, entry } => {
-                let mut session = Session::from_persisted(entry.persisted);
-                session.remember_live_since(entry.unix_nanos);
-                (revision, session, entry.last_response, Presence::Stored)
-            }
-            Read::Absent { revision } => {
-                let max = self.config.max_sessions;
-                let room = if self.mirror.session_count() >= max {
-                    Room::Full { max }
-                } else {
-                    Room::Available
-                };
-                let presence = Presence::Absent { room };
-                (revision, Session::new(now), 0, presence)
-            }
-        }
-    }
-
-    /// GetState's read, with the touch it counts as.
-    async fn touch(&self, id: &SessionId) -> Result<SessionSnapshot, CoordError> {
-        let _serialized = self.locks.lock(id).await;
-        let patience = self.patience();
-        self.quorum_point(patience.remaining()).await?;
-        if let Some(known) = self.mirror.known(id) {
-            let touch_due = known.phase != Phase::Terminated
-                && session::touch_due(known.since, self.now(), self.touch_interval);
-            if !touch_due {
-                return Ok(known.snapshot(id));
-            }
-        }
-        // A touch is due, or the mirror holds nothing (absent, or an entry
-        // the follower could not read): the bucket decides. The touch is a
-        // compare-and-set write, which validates its read.
-        self.compare_and_set(id, None, patience, |read| self.decide_touch(id, read))
-            .await
-    }
-
-    /// One attempt of GetState's touch on what was read.
-    fn decide_touch(&self, id: &SessionId, read: Read) -> Step<SessionSnapshot> {
-        let (revision, entry) = match read {
-            Read::Live { revision, entry } => (revision, entry),
-            Read::Absent { .. } => {
-                return Step::confirm(None, Err(CoordError::SessionNotFound(id.clone())))
-            }
-        };
-        let now = self.now();
-        let mut session = Session::from_persisted(entry.persisted);
-        let snapshot = session.snapshot(id);
-        if session.is_terminated() || !session.touch_due(now, self.touch_interval) {
-            // Someone touched it since the mirror's view; the read stands
-            // only if confirmed, like any answer without a write.
-            return Step::confirm(Some(revision), Ok(snapshot));
-        }
-        session.touch(now);
-        let touched = entry::Entry {
-            persisted: session.persisted(),
-            events: Vec::new(),
-            ..entry
-        };
-        Step::Write {
-            expected: revision,
-            entry: touched,
-            cache: true,
-            answer: snapshot,
-        }
-    }
-
-    /// Reads (or takes `cached`, the entry this replica last wrote), has
-    /// `decide` say what one attempt does with what was read, and carries
-    /// that out (`Step`): a write with compare-and-set over the revision read
-    /// (`write`, which knows a write whose answer was lost), or an answer
-    /// that writes nothing once `confirmed`. A conflict or an unconfirmed
-    /// answer goes round again from a fresh read, up to
-    /// `timings::MAX_ATTEMPTS`.
-    async fn compare_and_set<T>(
-        &self,
-        id: &SessionId,
-        mut cached: Option<(u64, entry::Entry)>,
-        mut patience: Patience,
-        mut decide: impl FnMut(Read) -> Step<T>,
-    ) -> Result<T, CoordError> {
-        let key = entry::key(id);
-        let (mut lost, mut unconfirmed) = (0_u32, 0_u32);
-        for _ in 0..timings::MAX_ATTEMPTS {
-            let read = match cached.take() {
-                Some((revision, entry)) => Read::Live { revision, entry },
-                None => self.read(id, &key, &mut patience).await?,
-            };
-            let rewritable = (unconfirmed > 0).then(|| read.rewritable()).flatten();
-            match decide(read) {
-                Step::Stands(answer) => return answer,
-                Step::Confirm { read, answer } => match rewritable {
-                    Some((revision, entry)) if read == Some(revision) => {
-                        if self
-                            .rewrite(id, &key, revision, entry, &mut patience)
-                            .await?
-                        {
-                            return answer;
-                        }
-                        lost += 1;
-                    }
-                    _ => {
-                        if self.confirmed(id, read, &patience).await? {
-                            return answer;
-                        }
-                        unconfirmed += 1;
-                    }
-                },
-                Step::Write {
-                    expected,
-                    entry,
-                    cache,
-                    answer,
-                } => {
-                    let value = entry.encode();
-                    if let Some(revision) =
-                        self.write(&key, &value, expected, &mut patience).await?
-                    {
-                        if cache {
-                            self.cache.put(id, revision, entry);
-                        } else {
-                            self.cache.take(id);
-                        }
-                        return Ok(answer);
-                    }
-                    lost += 1;
-                }
-                Step::Purge { expected, answer } => {
-                    if self.purge(&key, expected, &mut patience).await? {
-                        self.cache.take(id);
-                        tracing::debug!(session_id = %id, "forgot terminated session");
-                        return Ok(answer);
-                    }
-                }
-            }
-        }
-        tracing::debug!(session_id = %id, lost, unconfirmed, "contended: compare-and-sets lost, answers unconfirmed");
-        Err(CoordError::Contended(id.clone()))
-    }
-
-    /// Confirms an answer that writes nothing by writing the entry it was
-    /// decided on back unchanged (no events: as a touch), with
-    /// compare-and-set over its revision: a write that lands proves that
-    /// revision was the key's latest when it landed, within the call. Used
-    /// once an answer went unconfirmed: on a session another replica writes
-    /// every few milliseconds, a quorum point (a write, then the mirror
-    /// catching up to it) nearly always comes after the next of those
-    /// writes, and confirming that way went round until the call was
-    /// answered "contended" (`respcoord-bench failover`, docs/cluster.md).
-    /// `false` if another write came first. Two replicas rewriting one
-    /// revision write the same bytes, so after a lost answer `landed` may
-    /// take the other's rewrite for this one's: harmless, as the entry then
-    /// stored is the one this answer was decided on, at a point within the
-    /// call.
-    async fn rewrite(
-        &self,
-        id: &SessionId,
-        key: &str,
-        revision: u64,
-        entry: entry::Entry,
-        patience: &mut Patience,
-    ) -> Result<bool, CoordError> {
-        let entry = entry::Entry {
-            events: Vec::new(),
-            ..entry
-        };
-        match self.write(key, &entry.encode(), revision, patience).await? {
-            Some(written) => {
-                self.cache.put(id, written, entry);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
-    }
-
-    fn count(&self, call: &Call, decision: &Decision) {
-        self.stats
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .record(call, decision);
     }
 }

@@ -111,7 +111,8 @@ pub(crate) mod faults {
     }
 
     /// `RESPCOORD_FAULT_UNCONFIRMED_READS=1`: the NATS backend answers what
-    /// it read without a quorum point (the stale-read bug of issue 15).
+    /// it read without a quorum point, so a deposed stream leader's stale
+    /// read can be answered: a broken build the fault runs must catch.
     pub(crate) fn unconfirmed_reads() -> bool {
         static UNCONFIRMED: OnceLock<bool> = OnceLock::new();
         *UNCONFIRMED.get_or_init(|| {
@@ -121,7 +122,8 @@ pub(crate) mod faults {
 
     /// `RESPCOORD_FAULT_REPLICA_CLOCK_EXPIRY=1`: the NATS backend times
     /// idleness and expiry by each replica's wall clock, not the stream's
-    /// stamps (the skewed-expiry bug of issue 15).
+    /// stamps, so skewed replica clocks expire sessions early: a broken
+    /// build the fault runs must catch.
     pub(crate) fn replica_clock_expiry() -> bool {
         static REPLICA_CLOCK: OnceLock<bool> = OnceLock::new();
         *REPLICA_CLOCK.get_or_init(|| {

@@ -33,7 +33,8 @@ const _: () = assert!(MAX_EVENTS_PER_TRANSITION as u64 <= SEQS_PER_WRITE);
 /// The only stored format this version reads and writes.
 const FORMAT: u32 = 1;
 
-/// Session keys live under this prefix; other keys (the expirer's lease) do not.
+/// Session keys live under this prefix; the other keys (the expirer's
+/// lease, `lease.expirer`, and the quorum points', `quorum.point`) do not.
 pub const SESSION_KEY_PREFIX: &str = "s.";
 
 /// The bucket key of a session. Session ids may hold any printable character,

@@ -1,17 +1,18 @@
 //! Expiry across replicas: one expirer at a time, by lease.
 //!
-//! JetStream's per-message TTLs arrived in nats-server 2.11 and Debian ships
-//! 2.9, so expiry does not use them. Instead one replica holds a lease (a key
-//! in the bucket, taken and renewed with compare-and-set) and sweeps its
-//! mirror for sessions past their deadline. Each candidate is then decided
+//! JetStream's per-message TTLs arrived in nats-server 2.11 and respcoord
+//! supports 2.10, so expiry does not use them. Instead one replica holds a
+//! lease (a key in the bucket, taken and renewed with compare-and-set) and
+//! sweeps its mirror for sessions past their deadline. Each candidate is then decided
 //! afresh from the bucket by the same pure decision
 //! (`decision::decide_expiry`) inside the same compare-and-set path as every
 //! call, so a stale mirror, a lease that changed hands mid-sweep, or two
 //! expirers at once can at worst repeat a read: a session is never expired
 //! twice nor before its TTL.
 //!
-//! The lease lasts three sweep intervals; a replica that dies is replaced by
-//! another within that, so expiry is late by at most a few seconds.
+//! The lease lasts `timings::LEASE_SWEEPS` (3) sweep intervals; a replica
+//! that dies is replaced by another within that, so expiry is late by at
+//! most a few seconds.
 //!
 //! Deadlines, "now" and the lease's term are all on the stream's clock
 //! (`clock`), so a replica whose wall clock runs ahead neither expires
@@ -22,7 +23,10 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv::Operation;
 
-use super::{entry, timings, Inner, NatsCoordinator, Read, Step};
+use super::{
+    call::{Read, Step},
+    entry, timings, Inner, NatsCoordinator,
+};
 use crate::{
     decision::{self, Decision, Expired, ExpiryDecision, Stamp},
     error::CoordError,

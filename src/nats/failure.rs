@@ -1,6 +1,10 @@
 //! What a failed JetStream request means for the call that made it, decided
-//! in this one place for every read, compare-and-set, purge and quorum
-//! point; and how long a call rides out the failures that pass.
+//! in this one place for every store request a call or expiry makes (its
+//! reads, compare-and-set writes, purges and quorum points, and the stream
+//! reads of `landed`); and how long a call rides out the failures that
+//! pass. The expirer's lease, a watch's history and the follower's reads
+//! do not come here: the lease is tried again at the next sweep, a watch
+//! is answered UNAVAILABLE, and the follower restarts its consumer.
 //!
 //! nats-server tells a lost compare-and-set apart from other failures only
 //! by its JetStream error code, and the code moved: 2.10 answers 10071
@@ -56,7 +60,8 @@ pub(super) enum StoreFailure {
     Conflict,
     /// The stream is between leaders, or the request got no answer in
     /// time: try again within the call's patience. A write that failed this
-    /// way may still land (`Inner::call` recognises its own write).
+    /// way may still land (`Inner::write` recognises its own write, through
+    /// `landed`).
     Transient(RetryReason, String),
     /// Anything else: the call is answered UNAVAILABLE now.
     Unavailable(String),
@@ -224,8 +229,9 @@ impl Patience {
 
     /// Runs `request` (an `op`) until it succeeds, retrying transient
     /// failures within the patience; a conflict or any other failure is
-    /// returned at once. Every store request passes here, so here `stats`
-    /// hears of each round trip, retry and conflict.
+    /// returned at once. Every store request of a call or of expiry passes
+    /// here (the module doc says which do not), so here `stats` hears of
+    /// each of their round trips, retries and conflicts.
     pub(super) async fn retry<T, F, Fut>(
         &mut self,
         stats: &NatsStats,

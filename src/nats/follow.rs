@@ -25,7 +25,8 @@ use super::{
 use crate::ids::SessionId;
 
 /// Decodes one stream message into (stream seq, session, change); `None`
-/// for a message that is not a session's (the lease) or cannot be read.
+/// for a message that is not a session's (the expirer's lease, a quorum
+/// point) or cannot be read.
 /// Every message's stamp advances `clock`.
 fn parse(
     message: &jetstream::Message,

@@ -216,7 +216,8 @@ impl Mirror {
         self.progress.send_replace(stream_seq);
     }
 
-    /// A message that is not a session (the lease): only progress.
+    /// A message that is not a session's (the expirer's lease, a quorum
+    /// point): only progress.
     pub fn skip(&self, stream_seq: u64) {
         let mut state = self.lock();
         if stream_seq <= state.stream_seq {

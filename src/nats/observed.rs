@@ -5,8 +5,10 @@
 //! expiry lease. Atomics only, so counting takes no lock on the call path;
 //! the metrics read them when a reader collects ([`NatsCoordinator::nats_stats`]).
 //!
-//! Every store request goes through `Patience::retry` (`failure`), which
-//! reports each round trip, retry and conflict here; the connection reports
+//! Every store request of a call or of expiry goes through
+//! `Patience::retry` (`failure`), which reports each round trip, retry and
+//! conflict here (the lease, a watch's history and the follower's reads
+//! are not counted as store requests); the connection reports
 //! through async-nats' event callback (`setup`), the follower and the
 //! expirer where they restart and renew.
 

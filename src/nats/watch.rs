@@ -7,7 +7,7 @@ use std::{collections::VecDeque, sync::Arc};
 use async_nats::jetstream::kv::Operation;
 use tokio_stream::StreamExt as _;
 
-use super::{entry, unavailable, Inner, NatsCoordinator, Read};
+use super::{call::Read, entry, unavailable, Inner, NatsCoordinator};
 use crate::{
     error::CoordError,
     events::{Scope, SharedEvent, Subscription},

@@ -1,0 +1,238 @@
+//! The store requests a call makes on the bucket: a read of a session's
+//! entry, a compare-and-set write (which recognises a write of its own
+//! whose answer was lost, `landed`), a purge, and a quorum point with the
+//! mirror caught up to it. Each goes through the call's `Patience`
+//! (`failure`), which retries what is transient.
+
+use std::{sync::Arc, time::Duration};
+
+use async_nats::jetstream::kv::{self, Operation};
+
+use super::{
+    call::Read,
+    clock, entry,
+    failure::{Patience, StoreFailure},
+    landed::Landed,
+    observed::{NatsStats, StoreOp},
+    quorum::QuorumPoints,
+    timings,
+    turnover::Turnover,
+    unavailable, Inner,
+};
+use crate::{error::CoordError, ids::SessionId};
+
+/// The key quorum points are written to (see `Inner::quorum_point`): not a
+/// session key, so the follower only counts it as progress; one key for
+/// every replica, so the bucket's per-key history bounds what it keeps.
+const QUORUM_POINT_KEY: &str = "quorum.point";
+
+/// Quorum points (`Inner::quorum_point`) written to `kv`, each with
+/// `patience` for transient store failures.
+pub(super) fn quorum_points(
+    kv: &kv::Store,
+    observed: &Arc<NatsStats>,
+    turnover: &Arc<Turnover>,
+    patience: Duration,
+) -> Arc<QuorumPoints> {
+    let (kv, observed, turnover) = (kv.clone(), Arc::clone(observed), Arc::clone(turnover));
+    QuorumPoints::new(Arc::new(move || {
+        let (kv, observed) = (kv.clone(), Arc::clone(&observed));
+        let turnovers = turnover.subscribe();
+        Box::pin(async move {
+            Patience::new(patience, turnovers)
+                .retry(&observed, StoreOp::QuorumPoint, || async {
+                    kv.put(QUORUM_POINT_KEY, bytes::Bytes::new())
+                        .await
+                        .map_err(|error| StoreFailure::of(&error))
+                })
+                .await
+                .map_err(|failure| failure.into_error().to_string())
+        })
+    }))
+}
+
+impl Inner {
+    /// The session's entry from the stream leader, its last activity taken
+    /// from the stream's stamp (`clock`).
+    pub(super) async fn read(
+        &self,
+        id: &SessionId,
+        key: &str,
+        patience: &mut Patience,
+    ) -> Result<Read, CoordError> {
+        #[cfg(test)]
+        let stale = self
+            .stale_reads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(key);
+        #[cfg(not(test))]
+        let stale = None;
+        let stored = patience
+            .retry(&self.observed, StoreOp::Read, || async {
+                match stale {
+                    Some(revision) => self.kv.entry_for_revision(key, revision).await,
+                    None => self.kv.entry(key).await,
+                }
+                .map_err(|error| StoreFailure::of(&error))
+            })
+            .await
+            .map_err(StoreFailure::into_error)?;
+        let Some(stored) = stored else {
+            return Ok(Read::Absent { revision: 0 });
+        };
+        let stamp = clock::stamp_millis(stored.created.unix_timestamp_nanos());
+        self.clock.observe(stamp);
+        if stored.operation != Operation::Put {
+            return Ok(Read::Absent {
+                revision: stored.revision,
+            });
+        }
+        match entry::decode(&stored.value) {
+            Ok(mut entry) => {
+                entry.persisted.since = clock::last_activity(entry.persisted.since, stamp);
+                Ok(Read::Live {
+                    revision: stored.revision,
+                    entry,
+                })
+            }
+            Err(error) => Err(CoordError::Unreadable {
+                session: id.clone(),
+                reason: error.to_string(),
+            }),
+        }
+    }
+
+    /// A point in the bucket's history after this call arrived that a
+    /// quorum of JetStream nodes committed, with this replica's mirror caught
+    /// up to it: the mirror then holds every write acknowledged before the
+    /// call. It is a write because only a write proves its leader is still
+    /// the leader; a read, even from the stream leader, can be served by a
+    /// node a partition has already deposed (docs/cluster.md, "Consistency
+    /// each call gets"). Calls asking at once share one (`quorum`).
+    /// The mirror is given `patience` to reach the point; every
+    /// `timings::NUDGE_AFTER` it has not, the follower is nudged to read what
+    /// it misses (a read that found no stream leader is tried again at the
+    /// next nudge, not left to the follower's stall check).
+    pub(super) async fn quorum_point(&self, patience: Duration) -> Result<u64, CoordError> {
+        if crate::shared::faults::unconfirmed_reads() {
+            // The fault build's broken variant: whatever the mirror holds
+            // stands (`shared::faults::unconfirmed_reads`).
+            return Ok(0);
+        }
+        let point = self.quorum_points.point().await.map_err(unavailable)?;
+        self.observed.saw_stream_seq(point);
+        let deadline = tokio::time::Instant::now() + patience;
+        let caught_up = self.mirror.caught_up_to(point);
+        tokio::pin!(caught_up);
+        loop {
+            let look = timings::NUDGE_AFTER
+                .min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            if tokio::time::timeout(look, &mut caught_up).await.is_ok() {
+                return Ok(point);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(unavailable(
+                    "this replica's view of the bucket is behind; retry",
+                ));
+            }
+            tracing::debug!(
+                point,
+                mirror = self.mirror.stream_seq(),
+                "mirror behind a quorum point; nudging the follower"
+            );
+            self.nudge.notify_one();
+        }
+    }
+
+    /// Whether the entry an answer that writes nothing was decided on (its
+    /// KV revision; `None` for an absent session) was still the key's
+    /// latest at a quorum point after the call arrived: then the answer is
+    /// linearizable at that point. A stale read (a deposed leader's, or this
+    /// replica's cache) is not, and the call is decided again. A write by
+    /// someone else after the point does not undo it (`Mirror::latest_at`),
+    /// so a busy session does not send its no-op calls round and round.
+    pub(super) async fn confirmed(
+        &self,
+        id: &SessionId,
+        read: Option<u64>,
+        patience: &Patience,
+    ) -> Result<bool, CoordError> {
+        let point = self.quorum_point(patience.remaining()).await?;
+        Ok(self.mirror.latest_at(id, point) == Some(read))
+    }
+
+    /// Writes `value` if the key is still at `expected`: the new revision,
+    /// or `None` when another write came first. A transient failure is
+    /// tried again with the same bytes and expectation; if an earlier try
+    /// landed after all, the retry meets a conflict, and whether this write
+    /// is what moved the key is read from the stream (`landed`).
+    pub(super) async fn write(
+        &self,
+        key: &str,
+        value: &bytes::Bytes,
+        expected: u64,
+        patience: &mut Patience,
+    ) -> Result<Option<u64>, CoordError> {
+        if crate::shared::faults::unguarded_writes() {
+            return self
+                .kv
+                .put(key, value.clone())
+                .await
+                .map(Some)
+                .map_err(unavailable);
+        }
+        let mut tries = 0_u32;
+        let written = patience
+            .retry(&self.observed, StoreOp::Write, || {
+                tries += 1;
+                async {
+                    #[cfg(test)]
+                    if let Some(meanwhile) = self.take_lost_answer(key) {
+                        return self
+                            .land_and_lose_the_answer(key, value, expected, meanwhile)
+                            .await;
+                    }
+                    self.kv
+                        .update(key, value.clone(), expected)
+                        .await
+                        .map_err(|error| StoreFailure::of(&error))
+                }
+            })
+            .await;
+        match written {
+            Ok(revision) => Ok(Some(revision)),
+            Err(StoreFailure::Conflict) if tries > 1 => {
+                match self.landed(key, expected, value, patience).await? {
+                    Landed::At(revision) => Ok(Some(revision)),
+                    Landed::No => Ok(None),
+                }
+            }
+            Err(StoreFailure::Conflict) => Ok(None),
+            Err(failure) => Err(failure.into_error()),
+        }
+    }
+
+    /// Removes a forgotten session's entry if the key is still at
+    /// `expected`: `false` on a conflict.
+    pub(super) async fn purge(
+        &self,
+        key: &str,
+        expected: u64,
+        patience: &mut Patience,
+    ) -> Result<bool, CoordError> {
+        let purged = patience
+            .retry(&self.observed, StoreOp::Purge, || async {
+                self.kv
+                    .purge_expect_revision(key, Some(expected))
+                    .await
+                    .map_err(|error| StoreFailure::of(&error))
+            })
+            .await;
+        match purged {
+            Ok(()) => Ok(true),
+            Err(StoreFailure::Conflict) => Ok(false),
+            Err(failure) => Err(failure.into_error()),
+        }
+    }
+}
