@@ -78,9 +78,11 @@
 //! `respcoord-client` (`clients/rust`); this crate never depends on it.
 //!
 //! Binaries: `respcoord` (src/main.rs); `respcoord-bench`
-//! (src/bin/respcoord-bench/: `main.rs`, one file per command, `servers.rs`
-//! for the in-process empty and respcoord servers, `measure.rs` for the CPU
-//! and RSS probes and the statistics; docs/performance.md).
+//! (src/bin/respcoord-bench/: `main.rs`, one file per command, a larger
+//! command's parts in a directory of its own, such as `failover/`'s
+//! nats-server cluster, gateways and report; `servers.rs` for the
+//! in-process empty and respcoord servers, `measure.rs` for the CPU and RSS
+//! probes and the statistics; docs/performance.md).
 //!
 //! # Life of a Start
 //!

@@ -34,9 +34,12 @@
 //! 127.0.0.1, and `--endpoint` must resolve to loopback addresses. Every run
 //! is bounded by `--warmup` + `--duration` per workload and server.
 //!
-//! One file per command (`wire`, `memory`, `cluster`), `servers` for the
-//! in-process servers (the empty ceiling and respcoord), `measure` for the
-//! machine and process probes (CPU, RSS, load) and the statistics.
+//! One file per command (`wire`, `memory`, `cluster`, `failover`,
+//! `gateways`, `paired`; a larger one has a directory of its own parts:
+//! `failover/` holds the nats-server cluster and its faults, the gateways'
+//! load and the report), `servers` for the in-process servers (the empty
+//! ceiling and respcoord), `measure` for the machine and process probes
+//! (CPU, RSS, load) and the statistics.
 
 mod cluster;
 mod failover;
