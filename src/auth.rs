@@ -183,11 +183,19 @@ impl Authenticator {
         &self,
         metadata: &tonic::metadata::MetadataMap,
     ) -> Result<SessionScope, AuthError> {
+        self.authenticate_headers(metadata.as_ref())
+    }
+
+    /// [`Authenticator::authenticate`] over a call's HTTP/2 headers.
+    pub fn authenticate_headers(
+        &self,
+        headers: &http::HeaderMap,
+    ) -> Result<SessionScope, AuthError> {
         let Some(tokens) = &self.tokens else {
             return Ok(SessionScope::All);
         };
-        let value = metadata
-            .get("authorization")
+        let value = headers
+            .get(http::header::AUTHORIZATION)
             .ok_or(AuthError::Missing)?
             .to_str()
             .map_err(|_| AuthError::Malformed)?;
@@ -207,6 +215,61 @@ impl Interceptor for Authenticator {
         let scope = self.authenticate(request.metadata())?;
         request.extensions_mut().insert(CallerScope(scope));
         Ok(request)
+    }
+}
+
+/// The [`Authenticator`] in front of a gRPC service, as a tower service
+/// over the HTTP request: it records the caller's scope in the request's
+/// extensions, or answers the refusal itself. The same as tonic's
+/// `InterceptedService` with the authenticator, without taking the request
+/// apart into a tonic `Request` and building it again and wrapping the
+/// response body once more (about 700 instructions a call; issue 43).
+#[derive(Clone, Debug)]
+pub struct Authenticated<S> {
+    inner: S,
+    authenticator: Authenticator,
+}
+
+impl<S> Authenticated<S> {
+    pub fn new(inner: S, authenticator: Authenticator) -> Self {
+        Self {
+            inner,
+            authenticator,
+        }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Authenticated<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Authenticated<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = futures_util::future::Either<
+        S::Future,
+        std::future::Ready<Result<http::Response<tonic::body::Body>, S::Error>>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        use futures_util::future::Either;
+        match self.authenticator.authenticate_headers(request.headers()) {
+            Ok(scope) => {
+                request.extensions_mut().insert(CallerScope(scope));
+                Either::Left(self.inner.call(request))
+            }
+            Err(error) => Either::Right(std::future::ready(Ok(Status::from(error).into_http()))),
+        }
     }
 }
 

@@ -10,10 +10,14 @@
 //! its own meter provider, so several servers in one process (tests) never
 //! share a series.
 //!
-//! The call path only records one histogram sample per RPC (and, on the
-//! NATS backend, one per store request). Everything else is observed when a
-//! reader collects: the registry's per-shard counters ([`crate::stats`]),
-//! the watch counters and the NATS backend's atomics, read at scrape time.
+//! The call path records one call-duration sample per RPC as two atomic
+//! adds in a table of its own ([`calls`]: the OpenTelemetry SDK's histogram
+//! cost a Start about 1,700 instructions; with OTLP metric export on, that
+//! histogram is kept, since OTLP reads only SDK instruments), and on the
+//! NATS backend one SDK histogram sample per store request. Everything else
+//! is observed when a reader collects: the registry's per-shard counters
+//! ([`crate::stats`]), the watch counters and the NATS backend's atomics,
+//! read at scrape time.
 //!
 //! The series, with their Prometheus names (the README lists them too). The
 //! `respcoord_nats_*` ones exist only with `--backend nats`:
@@ -47,6 +51,7 @@
 //! `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`,
 //! `process_start_time_seconds`.
 
+pub mod calls;
 #[cfg(target_os = "linux")]
 mod process;
 
@@ -67,19 +72,14 @@ use opentelemetry::{
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use tokio::net::TcpListener;
 
+use self::calls::{CallDurations, CallDurationsCollector, Method, DURATION_BUCKETS};
 use crate::{
     backend::Coordinator,
+    grpc::status,
     nats::{NatsCounts, RETRY_REASONS},
     stats::{TransitionKind, EVENT_KINDS, OUTCOMES, STOPPERS, STOP_REASONS},
     watchers::{WatchKind, WatchStats},
 };
-
-/// Histogram buckets for call durations, in seconds: coordinator calls take
-/// microseconds, so the low end is fine-grained; Watch streams land high.
-const DURATION_BUCKETS: [f64; 17] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 10.0, 60.0,
-];
 
 /// What the observed instruments read.
 #[derive(Clone)]
@@ -97,24 +97,30 @@ pub enum MetricsError {
     Otlp(#[from] opentelemetry_otlp::ExporterBuildError),
 }
 
-/// The per-RPC instrument, handed to the observation layer.
+/// The per-RPC instrument, handed to the observation layer: the table
+/// `/metrics` reads ([`calls`]), or with OTLP metric export on the SDK's
+/// histogram, which both readers take.
 #[derive(Clone, Debug)]
-pub struct RpcMetrics {
-    duration: Histogram<f64>,
+pub enum RpcMetrics {
+    Table(Arc<CallDurations>),
+    Sdk(Histogram<f64>),
 }
 
 impl RpcMetrics {
-    /// One finished call. `method` is `package.Service/Method` (or `_OTHER`
-    /// for methods the server does not have), `code` the status code's name.
-    pub fn record_call(&self, method: &'static str, code: &'static str, elapsed: Duration) {
-        self.duration.record(
-            elapsed.as_secs_f64(),
-            &[
-                KeyValue::new("rpc.system.name", "grpc"),
-                KeyValue::new("rpc.method", method),
-                KeyValue::new("rpc.response.status_code", code),
-            ],
-        );
+    /// One finished call. `method` is the call's method (or `_OTHER` for
+    /// methods the server does not have), `code` its status code.
+    pub fn record_call(&self, method: Method, code: tonic::Code, elapsed: Duration) {
+        match self {
+            RpcMetrics::Table(table) => table.record(method, code, elapsed),
+            RpcMetrics::Sdk(histogram) => histogram.record(
+                elapsed.as_secs_f64(),
+                &[
+                    KeyValue::new("rpc.system.name", "grpc"),
+                    KeyValue::new("rpc.method", method.name()),
+                    KeyValue::new("rpc.response.status_code", status::code_name(code)),
+                ],
+            ),
+        }
     }
 }
 
@@ -161,17 +167,7 @@ impl Metrics {
         }
         let provider = builder.build();
         let meter = provider.meter("respcoord");
-        let rpc = RpcMetrics {
-            duration: meter
-                .f64_histogram("rpc.server.call.duration")
-                .with_unit("s")
-                .with_description(
-                    "Duration of incoming gRPC calls (for Watch, the whole stream), \
-                     by method and status code",
-                )
-                .with_boundaries(DURATION_BUCKETS.to_vec())
-                .build(),
-        };
+        let rpc = rpc_metrics(&meter, &prometheus, otlp);
         observe_nats(&meter, &sources.coordinator);
         observe(&meter, sources);
         Ok(Self {
@@ -202,6 +198,33 @@ impl Metrics {
         if let Err(error) = self.provider.shutdown() {
             tracing::debug!(%error, "metrics shutdown");
         }
+    }
+}
+
+/// The call-duration instrument: the SDK's histogram when OTLP exports
+/// metrics (OTLP reads only SDK instruments; the Prometheus reader takes it
+/// too), else the table `/metrics` reads at scrape time (`calls`).
+fn rpc_metrics(meter: &Meter, prometheus: &prometheus::Registry, otlp: bool) -> RpcMetrics {
+    if otlp {
+        RpcMetrics::Sdk(
+            meter
+                .f64_histogram("rpc.server.call.duration")
+                .with_unit("s")
+                .with_description(calls::HELP)
+                .with_boundaries(DURATION_BUCKETS.to_vec())
+                .build(),
+        )
+    } else {
+        let table = Arc::new(CallDurations::default());
+        match CallDurationsCollector::new(Arc::clone(&table)) {
+            Ok(collector) => {
+                if let Err(error) = prometheus.register(Box::new(collector)) {
+                    tracing::warn!(%error, "call duration metrics");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "call duration metrics"),
+        }
+        RpcMetrics::Table(table)
     }
 }
 

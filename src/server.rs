@@ -31,10 +31,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::{
-    service::interceptor::InterceptedService,
-    transport::{server::TcpIncoming, Server},
-};
+use tonic::transport::{server::TcpIncoming, Server};
 use tonic_health::ServingStatus;
 use tower::limit::GlobalConcurrencyLimitLayer;
 
@@ -43,7 +40,7 @@ pub use self::{
     tls::{Pem, TlsConfig},
 };
 use crate::{
-    auth::{Authenticator, Tokens},
+    auth::{Authenticated, Authenticator, Tokens},
     backend::Coordinator,
     grpc::{observe::ObserveLayer, CoordinatorService, WatchSettings},
     metrics::{self, Metrics, Readiness, Sources},
@@ -262,13 +259,13 @@ fn coordinator_service(
     service: Arc<CoordinatorService>,
     limits: Limits,
     authenticator: Authenticator,
-) -> InterceptedService<ResponseCoordinatorServer<CoordinatorService>, Authenticator> {
+) -> Authenticated<ResponseCoordinatorServer<CoordinatorService>> {
     let coordinator = ResponseCoordinatorServer::from_arc(service)
         .max_decoding_message_size(limits.max_message_bytes)
         .max_encoding_message_size(limits.max_message_bytes);
     // Always behind the authenticator, with or without tokens: the service
     // refuses a call that carries no caller scope (`auth::caller_scope`).
-    InterceptedService::new(coordinator, authenticator)
+    Authenticated::new(coordinator, authenticator)
 }
 
 /// The gRPC server with the configured limits and TLS.

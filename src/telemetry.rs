@@ -174,7 +174,9 @@ pub fn init(
 /// Reads W3C trace context (`traceparent`, `tracestate`) from a call's HTTP/2
 /// headers (gRPC metadata). `None` without a valid `traceparent`.
 pub fn remote_context(headers: &http::HeaderMap) -> Option<opentelemetry::Context> {
-    if !headers.contains_key("traceparent") {
+    // A static name: looking a `&str` up parses it on every call.
+    static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+    if !headers.contains_key(&TRACEPARENT) {
         return None;
     }
     let context = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
