@@ -61,8 +61,14 @@ use async_nats::jetstream::{self, kv};
 use tokio_util::sync::CancellationToken;
 
 use self::{
-    cache::EntryCache, clock::StreamClock, failure::Patience, locks::KeyedLocks,
-    observed::NatsStats, quorum::QuorumPoints, requests::quorum_points, turnover::Turnover,
+    cache::EntryCache,
+    clock::{StreamClock, UnixMillis},
+    failure::Patience,
+    locks::KeyedLocks,
+    observed::NatsStats,
+    quorum::QuorumPoints,
+    requests::quorum_points,
+    turnover::Turnover,
 };
 use crate::{
     decision::{Changed, Started},
@@ -136,8 +142,8 @@ impl Drop for Inner {
 
 /// This replica's wall clock in milliseconds: only until the stream's clock
 /// is known (`Inner::now`), and in the fault build that times expiry by it.
-fn unix_millis() -> Millis {
-    u64::try_from(Clock::unix_nanos() / 1_000_000).unwrap_or(0)
+fn unix_millis() -> UnixMillis {
+    UnixMillis::new(u64::try_from(Clock::unix_nanos() / 1_000_000).unwrap_or(0))
 }
 
 fn unavailable(error: impl std::fmt::Display) -> CoordError {
@@ -341,7 +347,7 @@ impl Inner {
 
     /// The stream's clock now, at most (`clock`); this replica's own before
     /// any stamp arrived, which only a bucket without a single entry sees.
-    fn now(&self) -> Millis {
+    fn now(&self) -> UnixMillis {
         self.clock.now().unwrap_or_else(unix_millis)
     }
 }

@@ -34,8 +34,12 @@ use crate::{
 
 mod history;
 
-/// A point on the coordinator's monotonic clock, in milliseconds since it
-/// started. The registry's clock supplies it; tests supply their own.
+/// A time in milliseconds on the clock of the backend that keeps the
+/// session: on the memory backend its monotonic clock, counted from when it
+/// started (`shared::Clock::now`); on NATS the stream's clock, in Unix
+/// milliseconds (`nats::clock::UnixMillis`, taken in here at the decision).
+/// The record only compares and adds them, so either works, but a session
+/// never mixes the two. Tests supply their own.
 pub type Millis = u64;
 
 /// Request ids remembered per session for Start replay. The contract asks for

@@ -2,7 +2,10 @@
 
 use std::{collections::HashMap, sync::PoisonError};
 
-use super::{entry, locks::shard_of};
+use super::{
+    entry::{self, KvRevision},
+    locks::shard_of,
+};
 use crate::{ids::SessionId, sync::Mutex};
 
 /// The entries this replica wrote last, by session: a call that finds its
@@ -11,7 +14,7 @@ use crate::{ids::SessionId, sync::Mutex};
 /// compare-and-set fails and the call reads fresh. Bounded: beyond capacity
 /// an arbitrary entry is dropped, which costs only a read later.
 /// Session -> (revision, entry) this replica wrote.
-type CacheShard = HashMap<SessionId, (u64, entry::Entry)>;
+type CacheShard = HashMap<SessionId, (KvRevision, entry::Entry)>;
 
 pub(super) struct EntryCache {
     shards: Box<[Mutex<CacheShard>]>,
@@ -33,11 +36,11 @@ impl EntryCache {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn take(&self, id: &SessionId) -> Option<(u64, entry::Entry)> {
+    pub(super) fn take(&self, id: &SessionId) -> Option<(KvRevision, entry::Entry)> {
         self.shard(id).remove(id)
     }
 
-    pub(super) fn put(&self, id: &SessionId, revision: u64, entry: entry::Entry) {
+    pub(super) fn put(&self, id: &SessionId, revision: KvRevision, entry: entry::Entry) {
         let mut shard = self.shard(id);
         if shard.len() >= self.per_shard {
             if let Some(evicted) = shard.keys().next().cloned() {

@@ -7,7 +7,11 @@
 
 use std::sync::PoisonError;
 
-use super::{entry, failure::Patience, timings, unix_millis, Inner};
+use super::{
+    entry::{self, KvRevision},
+    failure::Patience,
+    timings, unix_millis, Inner,
+};
 use crate::{
     decision::{self, Decision, Effect, Presence, Room, Stamp},
     error::CoordError,
@@ -31,8 +35,13 @@ fn mint(last_response: u64, unix_nanos: i64) -> ResponseId {
 /// A session's entry as read: its stored record, or nothing (never created,
 /// or forgotten) with the revision a create must expect.
 pub(super) enum Read {
-    Live { revision: u64, entry: entry::Entry },
-    Absent { revision: u64 },
+    Live {
+        revision: KvRevision,
+        entry: entry::Entry,
+    },
+    Absent {
+        revision: KvRevision,
+    },
 }
 
 impl Read {
@@ -40,7 +49,7 @@ impl Read {
     /// confirmed by writing it back (`Inner::rewrite`): a live session's.
     /// A terminated one's is not rewritten (that would move the time it is
     /// forgotten after), and nothing else writes it but a touch.
-    fn rewritable(&self) -> Option<(u64, entry::Entry)> {
+    fn rewritable(&self) -> Option<(KvRevision, entry::Entry)> {
         match self {
             Read::Live { revision, entry } if entry.persisted.phase != Phase::Terminated => {
                 Some((*revision, entry.clone()))
@@ -51,7 +60,7 @@ impl Read {
 
     /// The KV revision of a stored record read, `None` for an absent one:
     /// what `Inner::confirmed` checks an answer without a write against.
-    fn live_revision(&self) -> Option<u64> {
+    fn live_revision(&self) -> Option<KvRevision> {
         match self {
             Read::Live { revision, .. } => Some(*revision),
             Read::Absent { .. } => None,
@@ -67,25 +76,25 @@ pub(super) enum Step<T> {
     /// decided on (`read`, as `Read::live_revision`) is confirmed the key's
     /// latest at a quorum point, else the call goes round again.
     Confirm {
-        read: Option<u64>,
+        read: Option<KvRevision>,
         answer: Result<T, CoordError>,
     },
     /// Write `entry` if the key is still at `expected`, then answer; the
     /// entry is remembered in the cache if `cache`, else the cached one is
     /// dropped.
     Write {
-        expected: u64,
+        expected: KvRevision,
         entry: entry::Entry,
         cache: bool,
         answer: T,
     },
     /// Purge a forgotten session's entry if the key is still at
     /// `expected`, then answer.
-    Purge { expected: u64, answer: T },
+    Purge { expected: KvRevision, answer: T },
 }
 
 impl<T> Step<T> {
-    fn confirm(read: Option<u64>, answer: Result<T, CoordError>) -> Self {
+    fn confirm(read: Option<KvRevision>, answer: Result<T, CoordError>) -> Self {
         Step::Confirm { read, answer }
     }
 }
@@ -116,7 +125,7 @@ impl Inner {
     /// what it writes, if anything.
     fn decide_call(&self, id: &SessionId, call: &Call, read: Read) -> Step<Decision> {
         let stream_now = self.clock.now();
-        let now = stream_now.unwrap_or_else(unix_millis);
+        let now = stream_now.unwrap_or_else(unix_millis).millis();
         let read_revision = read.live_revision();
         let (expected, mut session, last_response, presence) = self.session_of(read, now);
         // Before the decision touches the session: due by the stored time.
@@ -157,7 +166,7 @@ impl Inner {
     /// The session a call is decided on, from what was read: the revision
     /// a write must expect, the session, the last response id it minted,
     /// and whether it is stored (or, absent, whether there is room for it).
-    fn session_of(&self, read: Read, now: Millis) -> (u64, Session, u64, Presence) {
+    fn session_of(&self, read: Read, now: Millis) -> (KvRevision, Session, u64, Presence) {
         match read {
             Read::Live { revision, entry } => {
                 let mut session = Session::from_persisted(entry.persisted);
@@ -184,7 +193,7 @@ impl Inner {
         self.quorum_point(patience.remaining()).await?;
         if let Some(known) = self.mirror.known(id) {
             let touch_due = known.phase != Phase::Terminated
-                && session::touch_due(known.since, self.now(), self.touch_interval);
+                && session::touch_due(known.since, self.now().millis(), self.touch_interval);
             if !touch_due {
                 return Ok(known.snapshot(id));
             }
@@ -204,7 +213,7 @@ impl Inner {
                 return Step::confirm(None, Err(CoordError::SessionNotFound(id.clone())))
             }
         };
-        let now = self.now();
+        let now = self.now().millis();
         let mut session = Session::from_persisted(entry.persisted);
         let snapshot = session.snapshot(id);
         if session.is_terminated() || !session.touch_due(now, self.touch_interval) {
@@ -236,7 +245,7 @@ impl Inner {
     pub(super) async fn compare_and_set<T>(
         &self,
         id: &SessionId,
-        mut cached: Option<(u64, entry::Entry)>,
+        mut cached: Option<(KvRevision, entry::Entry)>,
         mut patience: Patience,
         mut decide: impl FnMut(Read) -> Step<T>,
     ) -> Result<T, CoordError> {
@@ -317,7 +326,7 @@ impl Inner {
         &self,
         id: &SessionId,
         key: &str,
-        revision: u64,
+        revision: KvRevision,
         entry: entry::Entry,
         patience: &mut Patience,
     ) -> Result<bool, CoordError> {

@@ -16,9 +16,36 @@
 //! makes expiry later by that much. What remains assumed is that the NATS
 //! nodes' own clocks agree, as JetStream's age limits already assume.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::{session::Millis, sync::Mutex};
+
+/// A time on the stream's clock: Unix milliseconds, as JetStream stamps
+/// the messages it stores (and, before any stamp arrived, this replica's
+/// wall clock: `super::unix_millis`). Not the memory backend's monotonic
+/// milliseconds; it becomes the session record's `session::Millis`
+/// (`UnixMillis::millis`) only where the record is decided on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct UnixMillis(u64);
+
+impl UnixMillis {
+    pub const fn new(unix_millis: u64) -> Self {
+        Self(unix_millis)
+    }
+
+    /// As the session record counts time.
+    pub const fn millis(self) -> Millis {
+        self.0
+    }
+
+    /// `self` plus `duration`, saturating.
+    pub fn saturating_add(self, duration: Duration) -> Self {
+        Self(
+            self.0
+                .saturating_add(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
+        )
+    }
+}
 
 /// The newest lower bound of the stream's clock this replica has seen.
 #[derive(Default)]
@@ -28,33 +55,32 @@ pub struct StreamClock {
 
 #[derive(Clone, Copy)]
 struct Reading {
-    stamp: Millis,
+    stamp: UnixMillis,
     received: Instant,
 }
 
 impl Reading {
-    fn now_at(self, at: Instant) -> Millis {
-        let since = at.saturating_duration_since(self.received).as_millis();
+    fn now_at(self, at: Instant) -> UnixMillis {
         self.stamp
-            .saturating_add(u64::try_from(since).unwrap_or(u64::MAX))
+            .saturating_add(at.saturating_duration_since(self.received))
     }
 }
 
 impl StreamClock {
     /// A stamp (Unix ms) of a message just received from the stream.
-    pub fn observe(&self, stamp: Millis) {
+    pub fn observe(&self, stamp: UnixMillis) {
         self.observe_at(stamp, Instant::now());
     }
 
     /// The stream's clock now, at most: `None` before any stamp arrived.
-    pub fn now(&self) -> Option<Millis> {
+    pub fn now(&self) -> Option<UnixMillis> {
         if crate::shared::faults::replica_clock_expiry() {
             return Some(super::unix_millis());
         }
         self.now_at(Instant::now())
     }
 
-    fn observe_at(&self, stamp: Millis, at: Instant) {
+    fn observe_at(&self, stamp: UnixMillis, at: Instant) {
         let mut latest = self
             .latest
             .lock()
@@ -70,7 +96,7 @@ impl StreamClock {
         }
     }
 
-    fn now_at(&self, at: Instant) -> Option<Millis> {
+    fn now_at(&self, at: Instant) -> Option<UnixMillis> {
         self.latest
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -78,30 +104,27 @@ impl StreamClock {
     }
 }
 
-/// A stream timestamp (Unix nanoseconds) as the Unix milliseconds the
-/// session record counts in.
-pub fn stamp_millis(unix_nanos: i128) -> Millis {
+/// A stream timestamp (Unix nanoseconds) in Unix milliseconds.
+pub fn stamp_millis(unix_nanos: i128) -> UnixMillis {
     let millis = unix_nanos.div_euclid(1_000_000);
     // Out of range either way: before the epoch reads as the epoch, beyond
     // u64 as never (an entry that never expires, rather than one at once).
-    u64::try_from(millis).unwrap_or(if millis < 0 { 0 } else { u64::MAX })
+    UnixMillis(u64::try_from(millis).unwrap_or(if millis < 0 { 0 } else { u64::MAX }))
 }
 
 /// The last activity of a session whose entry the stream stamped at
 /// `stamp`: every write of a session entry is a call's (or the expirer's)
 /// activity, and the stamp is taken after the writer decided, so it is never
 /// earlier than the activity it records.
-pub fn last_activity(written: Millis, stamp: Millis) -> Millis {
+pub fn last_activity(written: Millis, stamp: UnixMillis) -> Millis {
     if crate::shared::faults::replica_clock_expiry() {
         return written;
     }
-    stamp
+    stamp.millis()
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[test]
@@ -113,11 +136,11 @@ mod tests {
     fn now_runs_on_from_the_stamp_by_local_monotonic_time() {
         let clock = StreamClock::default();
         let t0 = Instant::now();
-        clock.observe_at(1_000_000, t0);
-        assert_eq!(clock.now_at(t0), Some(1_000_000));
+        clock.observe_at(UnixMillis(1_000_000), t0);
+        assert_eq!(clock.now_at(t0), Some(UnixMillis(1_000_000)));
         assert_eq!(
             clock.now_at(t0 + Duration::from_millis(750)),
-            Some(1_000_750)
+            Some(UnixMillis(1_000_750))
         );
     }
 
@@ -125,11 +148,11 @@ mod tests {
     fn a_stale_stamp_delivered_late_sets_nothing_back() {
         let clock = StreamClock::default();
         let t0 = Instant::now();
-        clock.observe_at(1_000_000, t0);
+        clock.observe_at(UnixMillis(1_000_000), t0);
         // A backlog after a 5 s pause: stamped long before its receipt.
         let resumed = t0 + Duration::from_secs(5);
-        clock.observe_at(1_000_100, resumed);
-        assert_eq!(clock.now_at(resumed), Some(1_005_000));
+        clock.observe_at(UnixMillis(1_000_100), resumed);
+        assert_eq!(clock.now_at(resumed), Some(UnixMillis(1_005_000)));
     }
 
     #[test]
@@ -138,20 +161,23 @@ mod tests {
         let t0 = Instant::now();
         // The first stamp arrived late (a slow delivery): the next, quicker
         // one is the tighter bound.
-        clock.observe_at(1_000_000, t0);
+        clock.observe_at(UnixMillis(1_000_000), t0);
         let t1 = t0 + Duration::from_millis(100);
-        clock.observe_at(1_000_400, t1);
-        assert_eq!(clock.now_at(t1), Some(1_000_400));
+        clock.observe_at(UnixMillis(1_000_400), t1);
+        assert_eq!(clock.now_at(t1), Some(UnixMillis(1_000_400)));
         assert_eq!(
             clock.now_at(t1 + Duration::from_millis(10)),
-            Some(1_000_410)
+            Some(UnixMillis(1_000_410))
         );
     }
 
     #[test]
     fn stamps_convert_to_milliseconds_without_wrapping() {
-        assert_eq!(stamp_millis(1_700_000_000_123_456_789), 1_700_000_000_123);
-        assert_eq!(stamp_millis(-5), 0);
-        assert_eq!(stamp_millis(i128::MAX), u64::MAX);
+        assert_eq!(
+            stamp_millis(1_700_000_000_123_456_789),
+            UnixMillis(1_700_000_000_123)
+        );
+        assert_eq!(stamp_millis(-5), UnixMillis(0));
+        assert_eq!(stamp_millis(i128::MAX), UnixMillis(u64::MAX));
     }
 }

@@ -33,6 +33,29 @@ const _: () = assert!(MAX_EVENTS_PER_TRANSITION as u64 <= SEQS_PER_WRITE);
 /// The only stored format this version reads and writes.
 const FORMAT: u32 = 1;
 
+/// A key's revision in the bucket: the stream sequence of the message that
+/// last wrote it. One counter for the whole bucket, so it is not the
+/// session's own revision (`Persisted::revision`, 1, 2, 3, ... per session,
+/// kept inside the entry); compare-and-set expects it, and the cache, the
+/// mirror's `Known::stored_at` and a quorum-point confirmation hold it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KvRevision(u64);
+
+impl KvRevision {
+    /// Before the key's first message: what a write that creates it expects.
+    pub const NONE: Self = Self(0);
+
+    /// The revision a message at `stream_seq` gave its key.
+    pub const fn at(stream_seq: u64) -> Self {
+        Self(stream_seq)
+    }
+
+    /// The stream sequence, as JetStream's requests take it.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
 /// Session keys live under this prefix; the other keys (the expirer's
 /// lease, `lease.expirer`, and the quorum points', `quorum.point`) do not.
 pub const SESSION_KEY_PREFIX: &str = "s.";

@@ -25,6 +25,7 @@ use async_nats::jetstream::kv::Operation;
 
 use super::{
     call::{Read, Step},
+    clock::UnixMillis,
     entry, timings, Inner, NatsCoordinator,
 };
 use crate::{
@@ -44,8 +45,8 @@ async fn hold_lease(coordinator: &NatsCoordinator, lease: Duration) -> bool {
     let Some(now) = inner.clock.now() else {
         return false;
     };
-    let until = now.saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
-    let value = format!("{} {until}", inner.replica);
+    let until = now.saturating_add(lease);
+    let value = format!("{} {}", inner.replica, until.millis());
     let current = match inner.kv.entry(LEASE_KEY).await {
         Ok(current) => current,
         Err(_) => return false,
@@ -57,7 +58,8 @@ async fn hold_lease(coordinator: &NatsCoordinator, lease: Duration) -> bool {
             let text = String::from_utf8_lossy(&entry.value);
             let mut parts = text.split(' ');
             let holder = parts.next().unwrap_or_default();
-            let held_until: u64 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            let held_until =
+                UnixMillis::new(parts.next().and_then(|p| p.parse().ok()).unwrap_or(0));
             if holder != inner.replica && held_until > now {
                 return false;
             }
@@ -96,7 +98,7 @@ pub(super) async fn run(coordinator: NatsCoordinator, stop: impl std::future::Fu
             continue;
         };
         let due = inner.mirror.due(
-            now,
+            now.millis(),
             inner.ttls.idle,
             inner.ttls.tombstone,
             timings::SWEEP_BATCH,
@@ -133,7 +135,7 @@ impl Inner {
             Read::Live { revision, entry } => (revision, entry),
             Read::Absent { .. } => return Step::Stands(Ok(None)),
         };
-        let now = self.now();
+        let now = self.now().millis();
         let mut session = Session::from_persisted(entry.persisted);
         session.remember_live_since(entry.unix_nanos);
         let ready = match decision::decide_expiry(&mut session, id, now, self.ttls) {

@@ -12,7 +12,7 @@ use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    clock::{last_activity, stamp_millis, StreamClock},
+    clock::{last_activity, stamp_millis, StreamClock, UnixMillis},
     entry,
     mirror::{KeyUpdate, Mirror, MirrorState},
     observed::NatsStats,
@@ -54,7 +54,7 @@ fn parse_parts(
     subject: &str,
     headers: Option<&async_nats::HeaderMap>,
     payload: &[u8],
-    stamp: u64,
+    stamp: UnixMillis,
     subject_prefix: &str,
 ) -> Option<(SessionId, KeyUpdate)> {
     let id = subject

@@ -22,6 +22,7 @@ use async_nats::jetstream::stream::RawMessageErrorKind;
 use bytes::Bytes;
 
 use super::{
+    entry::KvRevision,
     failure::{Patience, StoreFailure},
     observed::{RetryReason, StoreOp},
     Inner,
@@ -32,7 +33,7 @@ use crate::error::CoordError;
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Landed {
     /// It landed, at this revision: the call's answer is what it decided.
-    At(u64),
+    At(KvRevision),
     /// Another write came first: decide again from a fresh read.
     No,
 }
@@ -45,7 +46,7 @@ impl Inner {
     pub(super) async fn landed(
         &self,
         key: &str,
-        expected: u64,
+        expected: KvRevision,
         value: &Bytes,
         patience: &mut Patience,
     ) -> Result<Landed, CoordError> {
@@ -55,7 +56,7 @@ impl Inner {
                 match self
                     .stream
                     .raw_message_builder()
-                    .sequence(expected + 1)
+                    .sequence(expected.get() + 1)
                     .next_by_subject(subject.clone())
                     .send()
                     .await
@@ -73,9 +74,9 @@ impl Inner {
             .await
             .map_err(StoreFailure::into_error)?;
         if successor.1 == *value {
-            return Ok(Landed::At(successor.0));
+            return Ok(Landed::At(KvRevision::at(successor.0)));
         }
-        if expected > 0 && self.still_held(&subject, expected, patience).await? {
+        if expected != KvRevision::NONE && self.still_held(&subject, expected, patience).await? {
             return Ok(Landed::No);
         }
         Err(CoordError::Unavailable(format!(
@@ -88,12 +89,12 @@ impl Inner {
     async fn still_held(
         &self,
         subject: &str,
-        revision: u64,
+        revision: KvRevision,
         patience: &mut Patience,
     ) -> Result<bool, CoordError> {
         patience
             .retry(&self.observed, StoreOp::Read, || async {
-                match self.stream.get_raw_message(revision).await {
+                match self.stream.get_raw_message(revision.get()).await {
                     Ok(message) => Ok(message.subject.as_str() == subject),
                     Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => Ok(false),
                     Err(error) => Err(StoreFailure::of(&error)),
@@ -124,11 +125,11 @@ impl Inner {
         &self,
         key: &str,
         value: &Bytes,
-        expected: u64,
+        expected: KvRevision,
         meanwhile: Meanwhile,
     ) -> Result<u64, StoreFailure> {
         self.kv
-            .update(key, value.clone(), expected)
+            .update(key, value.clone(), expected.get())
             .await
             .map_err(|error| StoreFailure::of(&error))?;
         meanwhile().await;

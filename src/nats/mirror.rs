@@ -27,7 +27,7 @@ use crate::{
     events::{EventLog, HoldsFeeds, LiveFeed, SessionFeeds, SharedEvent, Subscription},
     ids::{SessionId, SessionScope},
     machine::Phase,
-    nats::entry::{self, Entry},
+    nats::entry::{self, Entry, KvRevision},
     session::{Millis, SessionSnapshot, Ttls},
     stats::PhaseCounts,
     sync::Mutex,
@@ -44,10 +44,10 @@ pub struct Known {
     pub since: Millis,
     /// The stream sequence of the key's last message (its KV revision, a
     /// touch included): what a quorum-confirmed read compares its read with.
-    pub stored_at: u64,
+    pub stored_at: KvRevision,
     /// The key's message before `stored_at`, 0 when this mirror did not see
     /// the key hold one (`Mirror::latest_at`).
-    pub replaced: u64,
+    pub replaced: KvRevision,
     /// When the session last changed: the time of the last entry with
     /// events this mirror read (a touch changes nothing).
     pub changed_unix_nanos: Option<i64>,
@@ -56,10 +56,10 @@ pub struct Known {
 impl Known {
     /// The key's message that was latest at stream sequence `point`, if it
     /// is one of the two this record remembers.
-    fn latest_at(&self, point: u64) -> Option<u64> {
-        if self.stored_at <= point {
+    fn latest_at(&self, point: u64) -> Option<KvRevision> {
+        if self.stored_at.get() <= point {
             Some(self.stored_at)
-        } else if self.replaced != 0 && self.replaced <= point {
+        } else if self.replaced != KvRevision::NONE && self.replaced.get() <= point {
             Some(self.replaced)
         } else {
             None
@@ -159,8 +159,8 @@ impl MirrorState {
             revision,
             responses_started: entry.persisted.responses_started,
             since: entry.persisted.since,
-            stored_at: stream_seq,
-            replaced: old.map_or(0, |old| old.stored_at),
+            stored_at: KvRevision::at(stream_seq),
+            replaced: old.map_or(KvRevision::NONE, |old| old.stored_at),
             changed_unix_nanos: if entry.events.is_empty() {
                 old.and_then(|old| old.changed_unix_nanos)
             } else {
@@ -253,7 +253,7 @@ impl Mirror {
     /// absent), where this mirror, having applied `point`, can tell: the
     /// latest now, or the one it replaced if that came at or before the
     /// point. `None` when the key moved more than once since.
-    pub fn latest_at(&self, id: &SessionId, point: u64) -> Option<Option<u64>> {
+    pub fn latest_at(&self, id: &SessionId, point: u64) -> Option<Option<KvRevision>> {
         match self.lock().sessions.get(id) {
             Some(known) => known.latest_at(point).map(Some),
             None => Some(None),
@@ -357,15 +357,15 @@ mod tests {
             revision: 1,
             responses_started: 0,
             since: 0,
-            stored_at,
-            replaced,
+            stored_at: KvRevision::at(stored_at),
+            replaced: KvRevision::at(replaced),
             changed_unix_nanos: None,
         };
         // Written at 7 after 3: up to 6 the latest was 3, from 7 on it is 7.
-        assert_eq!(known(3, 7).latest_at(9), Some(7));
-        assert_eq!(known(3, 7).latest_at(7), Some(7));
-        assert_eq!(known(3, 7).latest_at(6), Some(3));
-        assert_eq!(known(3, 7).latest_at(3), Some(3));
+        assert_eq!(known(3, 7).latest_at(9), Some(KvRevision::at(7)));
+        assert_eq!(known(3, 7).latest_at(7), Some(KvRevision::at(7)));
+        assert_eq!(known(3, 7).latest_at(6), Some(KvRevision::at(3)));
+        assert_eq!(known(3, 7).latest_at(3), Some(KvRevision::at(3)));
         // Before 3 it moved at least twice, or was absent: not known here.
         assert_eq!(known(3, 7).latest_at(2), None);
         // First seen at 7 (created, or read at boot): nothing known before.

@@ -10,7 +10,8 @@ use async_nats::jetstream::kv::{self, Operation};
 
 use super::{
     call::Read,
-    clock, entry,
+    clock,
+    entry::{self, KvRevision},
     failure::{Patience, StoreFailure},
     landed::Landed,
     observed::{NatsStats, StoreOp},
@@ -79,20 +80,22 @@ impl Inner {
             .await
             .map_err(StoreFailure::into_error)?;
         let Some(stored) = stored else {
-            return Ok(Read::Absent { revision: 0 });
+            return Ok(Read::Absent {
+                revision: KvRevision::NONE,
+            });
         };
         let stamp = clock::stamp_millis(stored.created.unix_timestamp_nanos());
         self.clock.observe(stamp);
         if stored.operation != Operation::Put {
             return Ok(Read::Absent {
-                revision: stored.revision,
+                revision: KvRevision::at(stored.revision),
             });
         }
         match entry::decode(&stored.value) {
             Ok(mut entry) => {
                 entry.persisted.since = clock::last_activity(entry.persisted.since, stamp);
                 Ok(Read::Live {
-                    revision: stored.revision,
+                    revision: KvRevision::at(stored.revision),
                     entry,
                 })
             }
@@ -155,7 +158,7 @@ impl Inner {
     pub(super) async fn confirmed(
         &self,
         id: &SessionId,
-        read: Option<u64>,
+        read: Option<KvRevision>,
         patience: &Patience,
     ) -> Result<bool, CoordError> {
         let point = self.quorum_point(patience.remaining()).await?;
@@ -171,15 +174,15 @@ impl Inner {
         &self,
         key: &str,
         value: &bytes::Bytes,
-        expected: u64,
+        expected: KvRevision,
         patience: &mut Patience,
-    ) -> Result<Option<u64>, CoordError> {
+    ) -> Result<Option<KvRevision>, CoordError> {
         if crate::shared::faults::unguarded_writes() {
             return self
                 .kv
                 .put(key, value.clone())
                 .await
-                .map(Some)
+                .map(|revision| Some(KvRevision::at(revision)))
                 .map_err(unavailable);
         }
         let mut tries = 0_u32;
@@ -194,14 +197,14 @@ impl Inner {
                             .await;
                     }
                     self.kv
-                        .update(key, value.clone(), expected)
+                        .update(key, value.clone(), expected.get())
                         .await
                         .map_err(|error| StoreFailure::of(&error))
                 }
             })
             .await;
         match written {
-            Ok(revision) => Ok(Some(revision)),
+            Ok(revision) => Ok(Some(KvRevision::at(revision))),
             Err(StoreFailure::Conflict) if tries > 1 => {
                 match self.landed(key, expected, value, patience).await? {
                     Landed::At(revision) => Ok(Some(revision)),
@@ -218,13 +221,13 @@ impl Inner {
     pub(super) async fn purge(
         &self,
         key: &str,
-        expected: u64,
+        expected: KvRevision,
         patience: &mut Patience,
     ) -> Result<bool, CoordError> {
         let purged = patience
             .retry(&self.observed, StoreOp::Purge, || async {
                 self.kv
-                    .purge_expect_revision(key, Some(expected))
+                    .purge_expect_revision(key, Some(expected.get()))
                     .await
                     .map_err(|error| StoreFailure::of(&error))
             })
