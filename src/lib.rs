@@ -65,7 +65,8 @@
 //!   metrics report about watches.
 //! - [`metrics`] — OpenTelemetry instruments, Prometheus `/metrics` with
 //!   `/healthz` and `/readyz` on the metrics port, OTLP metric export;
-//!   `metrics/process.rs` the process series from procfs.
+//!   `metrics/process.rs` the process series from procfs; `metrics/calls.rs`
+//!   the call durations, counted in a table of atomics read at scrape time.
 //! - [`web`] — the read-only web view (`--web-ui`): the sessions and one
 //!   session's timeline in a browser, over the service's own calls;
 //!   `web/feed.rs` relays watches as server-sent events.
