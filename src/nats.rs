@@ -92,35 +92,25 @@ pub struct NatsCoordinator {
 }
 
 struct Inner {
+    /// The authority: the bucket, and its stream (read by sequence).
     kv: kv::Store,
     stream: jetstream::stream::Stream,
-    mirror: Arc<Mirror>,
+    /// Calls on one session within this replica, one at a time.
     locks: KeyedLocks,
+    /// The entries this replica wrote last (one round trip a call).
     cache: EntryCache,
-    config: CoordConfig,
-    /// TTLs as the pure expiry check applies them: the idle TTL plus the
-    /// touch interval (see `touch_interval`), so a session whose last touch
-    /// was not written never expires early.
-    ttls: Ttls,
-    touch_interval: Millis,
-    /// How long a call rides out transient store failures and waits for
-    /// this replica's mirror to reach a quorum point (`Patience`).
-    patience: Duration,
+    /// What a call is decided and waited by.
+    rules: Rules,
+    /// This replica's view of the bucket, and what keeps it current.
+    view: View,
     /// Turnovers: the stream leader or the connection moved (`turnover`).
     turnover: Arc<Turnover>,
-    /// Tells the follower a call found the mirror behind (`follow`).
-    nudge: Arc<tokio::sync::Notify>,
-    quorum_points: Arc<QuorumPoints>,
     /// Transitions this replica applied, for the metrics.
     stats: Mutex<CoordStats>,
     /// The backend's own counters (store, connection, follower, lease).
     observed: Arc<NatsStats>,
     /// Names this replica in the expirer lease.
     replica: String,
-    /// The stream's clock, which idleness, expiry and the lease are timed
-    /// by (`clock`).
-    clock: Arc<StreamClock>,
-    follower: CancellationToken,
     /// Test seam: the next read of a key returns this older revision, as a
     /// deposed stream leader would (`call_tests`).
     #[cfg(test)]
@@ -134,9 +124,52 @@ struct Inner {
     watch_step: std::sync::Mutex<Option<landed::Meanwhile>>,
 }
 
+/// What a call is decided and waited by.
+struct Rules {
+    config: CoordConfig,
+    /// TTLs as the pure expiry check applies them: the idle TTL plus the
+    /// touch interval (see `touch_interval`), so a session whose last touch
+    /// was not written never expires early.
+    ttls: Ttls,
+    touch_interval: Millis,
+    /// How long a call rides out transient store failures and waits for
+    /// this replica's mirror to reach a quorum point (`Patience`).
+    patience: Duration,
+}
+
+impl Rules {
+    fn new(config: CoordConfig, patience: Duration) -> Self {
+        let touch_interval = timings::touch_interval(config.idle_ttl);
+        Self {
+            ttls: Ttls {
+                idle: timings::millis(config.idle_ttl).saturating_add(touch_interval),
+                tombstone: timings::millis(config.tombstone_ttl),
+            },
+            touch_interval,
+            patience,
+            config,
+        }
+    }
+}
+
+/// This replica's view of the bucket: the mirror its follower keeps, the
+/// stream's clock it reads off the stamps, and how a call gets the mirror
+/// caught up to a point after it arrived.
+struct View {
+    mirror: Arc<Mirror>,
+    /// The stream's clock, which idleness, expiry and the lease are timed
+    /// by (`clock`).
+    clock: Arc<StreamClock>,
+    /// Tells the follower a call found the mirror behind (`follow`).
+    nudge: Arc<tokio::sync::Notify>,
+    quorum_points: Arc<QuorumPoints>,
+    /// Stops the follower when the replica goes.
+    follower: CancellationToken,
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.follower.cancel();
+        self.view.follower.cancel();
     }
 }
 
@@ -195,34 +228,29 @@ impl NatsCoordinator {
             nudge: Arc::clone(&nudge),
         };
         tokio::spawn(following.run(follower.clone()));
-        let touch_interval = timings::touch_interval(config.idle_ttl);
         let patience = settings.patience;
         let quorum_points = quorum_points(&kv, &observed, &turnover, patience);
         Ok(Self {
             inner: Arc::new(Inner {
                 kv,
                 stream,
-                mirror,
                 locks: KeyedLocks::new(config.shards),
                 cache: EntryCache::new(config.shards, timings::ENTRY_CACHE_CAPACITY),
-                ttls: Ttls {
-                    idle: timings::millis(config.idle_ttl).saturating_add(touch_interval),
-                    tombstone: timings::millis(config.tombstone_ttl),
+                rules: Rules::new(config, settings.patience),
+                view: View {
+                    mirror,
+                    clock,
+                    nudge,
+                    quorum_points,
+                    follower,
                 },
-                touch_interval,
-                patience: settings.patience,
                 turnover,
-                nudge,
-                quorum_points,
-                config,
                 stats: Mutex::default(),
                 observed,
                 replica: format!(
                     "{:016x}",
                     Clock::unix_nanos() as u64 ^ u64::from(std::process::id())
                 ),
-                clock,
-                follower,
                 #[cfg(test)]
                 stale_reads: std::sync::Mutex::default(),
                 #[cfg(test)]
@@ -302,10 +330,11 @@ impl NatsCoordinator {
         after: Option<SessionId>,
     ) -> Result<SessionPage, CoordError> {
         self.inner.quorum_point(timings::LIST_CATCH_UP).await?;
-        let (sessions, next, seq) = self
-            .inner
-            .mirror
-            .list(scope, page_size.max(1), after.as_ref());
+        let (sessions, next, seq) =
+            self.inner
+                .view
+                .mirror
+                .list(scope, page_size.max(1), after.as_ref());
         Ok(SessionPage {
             sessions,
             next: next.map(PageToken::AfterId),
@@ -314,7 +343,7 @@ impl NatsCoordinator {
     }
 
     pub fn session_count(&self) -> usize {
-        self.inner.mirror.session_count()
+        self.inner.view.mirror.session_count()
     }
 
     pub fn stats(&self) -> CoordStats {
@@ -323,31 +352,31 @@ impl NatsCoordinator {
             .stats
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        stats.sessions = self.inner.mirror.counts();
+        stats.sessions = self.inner.view.mirror.counts();
         stats
     }
 
     /// The last stream sequence this replica's mirror has applied.
     pub fn mirror_stream_seq(&self) -> u64 {
-        self.inner.mirror.stream_seq()
+        self.inner.view.mirror.stream_seq()
     }
 
     /// Runs the expirer (when this replica holds the lease) until `stop`.
     pub async fn run(&self, stop: impl std::future::Future<Output = ()>) {
         expiry::run(self.clone(), stop).await;
-        self.inner.follower.cancel();
+        self.inner.view.follower.cancel();
     }
 }
 
 impl Inner {
     /// A call's patience, starting now.
     fn patience(&self) -> Patience {
-        Patience::new(self.patience, self.turnover.subscribe())
+        Patience::new(self.rules.patience, self.turnover.subscribe())
     }
 
     /// The stream's clock now, at most (`clock`); this replica's own before
     /// any stamp arrived, which only a bucket without a single entry sees.
     fn now(&self) -> UnixMillis {
-        self.clock.now().unwrap_or_else(unix_millis)
+        self.view.clock.now().unwrap_or_else(unix_millis)
     }
 }

@@ -124,14 +124,14 @@ impl Inner {
     /// One attempt of a call: the shared decision on what was read, and
     /// what it writes, if anything.
     fn decide_call(&self, id: &SessionId, call: &Call, read: Read) -> Step<Decision> {
-        let stream_now = self.clock.now();
+        let stream_now = self.view.clock.now();
         let now = stream_now.unwrap_or_else(unix_millis).millis();
         let read_revision = read.live_revision();
         let (expected, mut session, last_response, presence) = self.session_of(read, now);
         // Before the decision touches the session: due by the stored time.
         // Unlike GetState's (`decide_touch`), a call's touch is due on a
         // tombstone too.
-        let touch_due = session.touch_due(now, self.touch_interval);
+        let touch_due = session.touch_due(now, self.rules.touch_interval);
         let nanos = Clock::unix_nanos();
         let stamp = Stamp {
             first_seq: 0,
@@ -174,8 +174,8 @@ impl Inner {
                 (revision, session, entry.last_response, Presence::Stored)
             }
             Read::Absent { revision } => {
-                let max = self.config.max_sessions;
-                let room = if self.mirror.session_count() >= max {
+                let max = self.rules.config.max_sessions;
+                let room = if self.view.mirror.session_count() >= max {
                     Room::Full { max }
                 } else {
                     Room::Available
@@ -191,9 +191,9 @@ impl Inner {
         let _serialized = self.locks.lock(id).await;
         let patience = self.patience();
         self.quorum_point(patience.remaining()).await?;
-        if let Some(known) = self.mirror.known(id) {
+        if let Some(known) = self.view.mirror.known(id) {
             let touch_due = known.phase != Phase::Terminated
-                && session::touch_due(known.since, self.now().millis(), self.touch_interval);
+                && session::touch_due(known.since, self.now().millis(), self.rules.touch_interval);
             if !touch_due {
                 return Ok(known.snapshot(id));
             }
@@ -216,7 +216,7 @@ impl Inner {
         let now = self.now().millis();
         let mut session = Session::from_persisted(entry.persisted);
         let snapshot = session.snapshot(id);
-        if session.is_terminated() || !session.touch_due(now, self.touch_interval) {
+        if session.is_terminated() || !session.touch_due(now, self.rules.touch_interval) {
             // Someone touched it since the mirror's view; the read stands
             // only if confirmed, like any answer without a write.
             return Step::confirm(Some(revision), Ok(snapshot));

@@ -42,7 +42,7 @@ const LEASE_KEY: &str = "lease.expirer";
 /// Takes or renews the lease; true if this replica holds it now.
 async fn hold_lease(coordinator: &NatsCoordinator, lease: Duration) -> bool {
     let inner = &coordinator.inner;
-    let Some(now) = inner.clock.now() else {
+    let Some(now) = inner.view.clock.now() else {
         return false;
     };
     let until = now.saturating_add(lease);
@@ -75,7 +75,7 @@ async fn hold_lease(coordinator: &NatsCoordinator, lease: Duration) -> bool {
 
 pub(super) async fn run(coordinator: NatsCoordinator, stop: impl std::future::Future<Output = ()>) {
     tokio::pin!(stop);
-    let config = &coordinator.inner.config;
+    let config = &coordinator.inner.rules.config;
     let interval = timings::sweep_interval(config.idle_ttl, config.tombstone_ttl);
     let lease = interval * timings::LEASE_SWEEPS;
     let mut holding = false;
@@ -94,13 +94,13 @@ pub(super) async fn run(coordinator: NatsCoordinator, stop: impl std::future::Fu
             continue;
         }
         let inner = &coordinator.inner;
-        let Some(now) = inner.clock.now() else {
+        let Some(now) = inner.view.clock.now() else {
             continue;
         };
-        let due = inner.mirror.due(
+        let due = inner.view.mirror.due(
             now.millis(),
-            inner.ttls.idle,
-            inner.ttls.tombstone,
+            inner.rules.ttls.idle,
+            inner.rules.ttls.tombstone,
             timings::SWEEP_BATCH,
         );
         for id in due {
@@ -138,7 +138,7 @@ impl Inner {
         let now = self.now().millis();
         let mut session = Session::from_persisted(entry.persisted);
         session.remember_live_since(entry.unix_nanos);
-        let ready = match decision::decide_expiry(&mut session, id, now, self.ttls) {
+        let ready = match decision::decide_expiry(&mut session, id, now, self.rules.ttls) {
             ExpiryDecision::NotDue { .. } => return Step::Stands(Ok(None)),
             ExpiryDecision::Forget => {
                 return Step::Purge {

@@ -193,7 +193,9 @@ impl NatsCoordinator {
     /// sessions, the per-key history) count too: an upper bound on the
     /// messages still to apply, and 0 once the mirror has caught up.
     pub fn nats_stats(&self) -> NatsCounts {
-        self.inner.observed.counts(self.inner.mirror.stream_seq())
+        self.inner
+            .observed
+            .counts(self.inner.view.mirror.stream_seq())
     }
 
     /// Records every store request's round trip into `histogram` (seconds,

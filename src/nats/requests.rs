@@ -85,7 +85,7 @@ impl Inner {
             });
         };
         let stamp = clock::stamp_millis(stored.created.unix_timestamp_nanos());
-        self.clock.observe(stamp);
+        self.view.clock.observe(stamp);
         if stored.operation != Operation::Put {
             return Ok(Read::Absent {
                 revision: KvRevision::at(stored.revision),
@@ -123,10 +123,10 @@ impl Inner {
             // stands (`shared::faults::unconfirmed_reads`).
             return Ok(0);
         }
-        let point = self.quorum_points.point().await.map_err(unavailable)?;
+        let point = self.view.quorum_points.point().await.map_err(unavailable)?;
         self.observed.saw_stream_seq(point);
         let deadline = tokio::time::Instant::now() + patience;
-        let caught_up = self.mirror.caught_up_to(point);
+        let caught_up = self.view.mirror.caught_up_to(point);
         tokio::pin!(caught_up);
         loop {
             let look = timings::NUDGE_AFTER
@@ -141,10 +141,10 @@ impl Inner {
             }
             tracing::debug!(
                 point,
-                mirror = self.mirror.stream_seq(),
+                mirror = self.view.mirror.stream_seq(),
                 "mirror behind a quorum point; nudging the follower"
             );
-            self.nudge.notify_one();
+            self.view.nudge.notify_one();
         }
     }
 
@@ -162,7 +162,7 @@ impl Inner {
         patience: &Patience,
     ) -> Result<bool, CoordError> {
         let point = self.quorum_point(patience.remaining()).await?;
-        Ok(self.mirror.latest_at(id, point) == Some(read))
+        Ok(self.view.mirror.latest_at(id, point) == Some(read))
     }
 
     /// Writes `value` if the key is still at `expected`: the new revision,

@@ -32,7 +32,7 @@ impl NatsCoordinator {
             Ok(_) | Err(CoordError::SessionNotFound(_)) => {}
             Err(error) => return Err(error),
         }
-        let live = self.inner.mirror.subscribe_session(id);
+        let live = self.inner.view.mirror.subscribe_session(id);
         let key = entry::key(id);
         let mut patience = self.inner.patience();
         let read = self.inner.read(id, &key, &mut patience).await?;
@@ -59,7 +59,7 @@ impl NatsCoordinator {
         Ok(live.into_subscription(
             Scope::session(after_revision, current),
             backlog,
-            Arc::clone(self.inner.mirror.log()),
+            Arc::clone(self.inner.view.mirror.log()),
             terminated,
         ))
     }
@@ -85,7 +85,7 @@ impl NatsCoordinator {
         // The mirror's backlog and live stream are taken under the event
         // log's lock, so this handover cannot repeat an event (and it uses
         // the same rule as every other watch, `Scope::after_backlog`).
-        self.inner.mirror.watch_all(scope, Some(from))
+        self.inner.view.mirror.watch_all(scope, Some(from))
     }
 }
 
