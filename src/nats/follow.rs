@@ -24,27 +24,32 @@ use super::{
 };
 use crate::ids::SessionId;
 
-/// Decodes one stream message into (stream seq, session, change); `None`
-/// for a message that is not a session's (the expirer's lease, a quorum
-/// point) or cannot be read.
+/// Decodes one stream message, whose reply subject the caller parsed into
+/// `info` (once: it is the costliest part of a delivery), into the
+/// session's change; `None` for a message that is not a session's (the
+/// expirer's lease, a quorum point) or cannot be read.
 /// Every message's stamp advances `clock`.
 fn parse(
     message: &jetstream::Message,
+    info: &jetstream::message::Info<'_>,
     subject_prefix: &str,
     clock: &StreamClock,
-) -> Result<(u64, Option<(SessionId, KeyUpdate)>), String> {
-    let info = message.info().map_err(|e| e.to_string())?;
+) -> Option<(SessionId, KeyUpdate)> {
     let stamp = stamp_millis(info.published.unix_timestamp_nanos());
     clock.observe(stamp);
-    let change = parse_parts(
+    parse_parts(
         info.stream_sequence,
         message.subject.as_str(),
         message.headers.as_ref(),
         &message.payload,
         stamp,
         subject_prefix,
-    );
-    Ok((info.stream_sequence, change))
+    )
+}
+
+/// A delivered message's reply subject, parsed.
+fn info_of(message: &jetstream::Message) -> Result<jetstream::message::Info<'_>, String> {
+    message.info().map_err(|e| e.to_string())
 }
 
 /// As [`parse`], for a message read by sequence from the stream. `stamp`
@@ -161,9 +166,9 @@ pub async fn load(
     let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
     while let Some(message) = messages.next().await {
         let message = message.map_err(|e| e.to_string())?;
-        let (stream_seq, change) = parse(&message, subject_prefix, clock)?;
-        let pending = message.info().map(|i| i.pending).unwrap_or(0);
-        match change {
+        let info = info_of(&message)?;
+        let (stream_seq, pending) = (info.stream_sequence, info.pending);
+        match parse(&message, &info, subject_prefix, clock) {
             Some((id, change)) => {
                 state.apply(stream_seq, id, change);
             }
@@ -350,8 +355,9 @@ impl Follower {
     /// replica still catching up). Skipped ones would be a gap: start over
     /// from the hole.
     async fn apply_delivered(&self, message: &jetstream::Message) -> Result<(), String> {
-        let delivered = message.info().map(|info| info.stream_sequence).unwrap_or(0);
-        self.stats.delivered(message);
+        let info = info_of(message)?;
+        let delivered = info.stream_sequence;
+        self.stats.delivered(delivered, info.pending);
         let applied = self.mirror.stream_seq();
         if delivered > applied + 1 {
             let missing =
@@ -362,9 +368,9 @@ impl Follower {
                 ));
             }
         }
-        match parse(message, &self.subject_prefix, &self.clock)? {
-            (stream_seq, Some((id, change))) => self.mirror.apply(stream_seq, id, change),
-            (stream_seq, None) => self.mirror.skip(stream_seq),
+        match parse(message, &info, &self.subject_prefix, &self.clock) {
+            Some((id, change)) => self.mirror.apply(delivered, id, change),
+            None => self.mirror.skip(delivered),
         }
         Ok(())
     }

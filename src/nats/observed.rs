@@ -160,10 +160,9 @@ impl NatsStats {
 
     /// The follower received `message`: the stream ended, when the server
     /// sent it, at its sequence plus the messages still pending behind it.
-    pub(super) fn delivered(&self, message: &async_nats::jetstream::Message) {
-        if let Ok(info) = message.info() {
-            self.saw_stream_seq(info.stream_sequence.saturating_add(info.pending));
-        }
+    /// The follower was delivered `stream_seq`, with `pending` more behind it.
+    pub(super) fn delivered(&self, stream_seq: u64, pending: u64) {
+        self.saw_stream_seq(stream_seq.saturating_add(pending));
     }
 
     pub(super) fn lease(&self, held: bool) {
