@@ -36,8 +36,10 @@
 //!   ListSessions, `registry/watch.rs` its watches.
 //! - [`nats`] — the NATS JetStream backend: a key-value bucket is the
 //!   authority, replicas apply decisions with compare-and-set, follow the
-//!   bucket for watches, and share one expirer by lease; `nats/call.rs` a
-//!   call's attempts (decide on a read, then write, purge or confirm),
+//!   bucket for watches, and share one expirer by lease;
+//!   `nats/attempts.rs` a call's attempts as a pure machine (the whole
+//!   per-call policy: what to ask the store next, when an answer stands),
+//!   `nats/call.rs` the decisions and the loop that drives the machine,
 //!   `nats/requests.rs` the store requests each makes (read,
 //!   compare-and-set write, purge, quorum point), `nats/setup.rs` the
 //!   connection and bucket, `nats/entry.rs` the stored form,
@@ -118,21 +120,24 @@
 //! NATS backend:
 //! 3. `nats.rs` `NatsCoordinator::start`, then `nats/call.rs` `Inner::call`:
 //!    the replica's per-session lock (`nats/locks.rs` `KeyedLocks`), then
-//!    the call's attempts (`nats/call.rs` `Inner::compare_and_set`), each on
-//!    the entry this replica last wrote (`nats/cache.rs` `EntryCache`) or a
-//!    read of the key (`nats/requests.rs` `Inner::read`).
+//!    the call's attempts: `nats/call.rs` `Inner::compare_and_set` drives
+//!    the pure machine `nats/attempts.rs` `CallAttempts`, which says what
+//!    to do next. The first attempt decides on the entry this replica last
+//!    wrote (`nats/cache.rs` `EntryCache`), later ones on a read of the key
+//!    (`nats/requests.rs` `Inner::read`).
 //! 4. `decision.rs` `decide`, as above, settled at once with the replica's
-//!    own stamp (`Decided::settle`).
+//!    own stamp (`Decided::settle`), in `nats/call.rs` `Inner::decide_call`.
 //! 5. `nats/entry.rs` `Entry`: the record and its events' kinds, encoded.
 //!    `nats/requests.rs` `Inner::write` writes it with compare-and-set over
 //!    the revision read, retried through `nats/failure.rs` `Patience`; a
-//!    conflict decides again; a write whose answer was lost is recognised
-//!    by `nats/landed.rs` `Inner::landed`. An answer that writes nothing
-//!    stands only once confirmed at a quorum point (`nats/requests.rs`
-//!    `Inner::confirmed`, `nats/quorum.rs` `QuorumPoints`), or, after one
-//!    went unconfirmed, by writing its entry back (`nats/call.rs`
-//!    `Inner::rewrite`). How many attempts, and how long each wait, is in
-//!    one table (`nats/timings.rs`).
+//!    conflict decides again; for a write whose answer was lost the
+//!    machine asks for the key's next message (`nats/landed.rs`
+//!    `Inner::successor`). An answer that writes nothing stands only once
+//!    confirmed at a quorum point (`nats/requests.rs` `Inner::confirmed`,
+//!    `nats/quorum.rs` `QuorumPoints`), or, after one went unconfirmed, by
+//!    writing its entry back (`nats/attempts.rs` `CallAttempts::decided`).
+//!    How many attempts, and how long each wait, is in one table
+//!    (`nats/timings.rs`).
 //! 6. Every replica's follower (`nats/follow.rs` `Follower`) reads the
 //!    write from the stream; `nats/mirror.rs` `Mirror::apply` updates the
 //!    replica's view and publishes the events (`events.rs`

@@ -30,6 +30,7 @@
 //! timeout and bound. See `docs/cluster.md` for the consistency each call
 //! gets and what each failure does.
 
+pub mod attempts;
 mod cache;
 mod call;
 #[cfg(test)]
@@ -82,6 +83,7 @@ use crate::{
     stats::CoordStats,
     sync::Mutex,
 };
+pub use entry::KvRevision;
 pub use observed::{NatsCounts, RETRY_REASONS};
 pub use setup::{NatsError, NatsSecurity, NatsSettings, Secret};
 

@@ -1,16 +1,17 @@
-//! A call's attempts: each decides on what was read (the shared
-//! `decision::decide`, or GetState's touch, or expiry's), and what it decided
-//! is carried out (`Step`): a compare-and-set write, a purge, or an answer
-//! that writes nothing, which stands once confirmed at a quorum point or by
-//! writing its entry back. A conflict or an unconfirmed answer goes round
-//! again from a fresh read, up to `timings::MAX_ATTEMPTS`.
+//! A call on the bucket: the decisions its attempts make on what they
+//! read (the shared `decision::decide`, GetState's touch; expiry's is in
+//! `expiry`), and the loop that drives the attempts (`attempts`, where the
+//! policy is) by making each store request they ask for (`requests`).
 
 use std::sync::PoisonError;
 
+use bytes::Bytes;
+
 use super::{
+    attempts::{self, CacheChange, CallAttempts, Command, GiveUp, Request, Successor, Written},
     entry::{self, KvRevision},
     failure::Patience,
-    timings, unix_millis, Inner,
+    timings, unavailable, unix_millis, Inner,
 };
 use crate::{
     decision::{self, Decision, Effect, Presence, Room, Stamp},
@@ -32,70 +33,22 @@ fn mint(last_response: u64, unix_nanos: i64) -> ResponseId {
     ResponseId::new(minted).unwrap_or(ResponseId::MIN)
 }
 
-/// A session's entry as read: its stored record, or nothing (never created,
-/// or forgotten) with the revision a create must expect.
-pub(super) enum Read {
-    Live {
-        revision: KvRevision,
-        entry: entry::Entry,
-    },
-    Absent {
-        revision: KvRevision,
-    },
-}
+/// A session's entry as the machine sees it.
+pub(super) type Read = attempts::Read<entry::Entry>;
 
-impl Read {
-    /// The entry read and its revision, if an answer decided on it may be
-    /// confirmed by writing it back (`Inner::rewrite`): a live session's.
-    /// A terminated one's is not rewritten (that would move the time it is
-    /// forgotten after), and nothing else writes it but a touch.
-    fn rewritable(&self) -> Option<(KvRevision, entry::Entry)> {
-        match self {
-            Read::Live { revision, entry } if entry.persisted.phase != Phase::Terminated => {
-                Some((*revision, entry.clone()))
-            }
-            _ => None,
-        }
+/// What one attempt of a call decided, its answer a result.
+pub(super) type Step<T> = attempts::Step<entry::Entry, Result<T, CoordError>>;
+
+impl attempts::Stored for entry::Entry {
+    fn rewritable(&self) -> bool {
+        self.persisted.phase != Phase::Terminated
     }
 
-    /// The KV revision of a stored record read, `None` for an absent one:
-    /// what `Inner::confirmed` checks an answer without a write against.
-    fn live_revision(&self) -> Option<KvRevision> {
-        match self {
-            Read::Live { revision, .. } => Some(*revision),
-            Read::Absent { .. } => None,
+    fn without_events(self) -> Self {
+        entry::Entry {
+            events: Vec::new(),
+            ..self
         }
-    }
-}
-
-/// What one attempt of `Inner::compare_and_set` does with what it read.
-pub(super) enum Step<T> {
-    /// The answer stands as it is (expiry's "nothing to do").
-    Stands(Result<T, CoordError>),
-    /// An answer that writes nothing: it stands once the entry it was
-    /// decided on (`read`, as `Read::live_revision`) is confirmed the key's
-    /// latest at a quorum point, else the call goes round again.
-    Confirm {
-        read: Option<KvRevision>,
-        answer: Result<T, CoordError>,
-    },
-    /// Write `entry` if the key is still at `expected`, then answer; the
-    /// entry is remembered in the cache if `cache`, else the cached one is
-    /// dropped.
-    Write {
-        expected: KvRevision,
-        entry: entry::Entry,
-        cache: bool,
-        answer: T,
-    },
-    /// Purge a forgotten session's entry if the key is still at
-    /// `expected`, then answer.
-    Purge { expected: KvRevision, answer: T },
-}
-
-impl<T> Step<T> {
-    fn confirm(read: Option<KvRevision>, answer: Result<T, CoordError>) -> Self {
-        Step::Confirm { read, answer }
     }
 }
 
@@ -126,8 +79,7 @@ impl Inner {
     fn decide_call(&self, id: &SessionId, call: &Call, read: Read) -> Step<Decision> {
         let stream_now = self.view.clock.now();
         let now = stream_now.unwrap_or_else(unix_millis).millis();
-        let read_revision = read.live_revision();
-        let (expected, mut session, last_response, presence) = self.session_of(read, now);
+        let (mut session, last_response, presence) = self.session_of(read, now);
         // Before the decision touches the session: due by the stored time.
         // Unlike GetState's (`decide_touch`), a call's touch is due on a
         // tombstone too.
@@ -142,10 +94,10 @@ impl Inner {
             Ok(decided) => decided.settle(stamp, 0),
             // A refusal (not found, terminated, full) is an answer that
             // writes nothing too.
-            Err(refusal) => return Step::confirm(read_revision, Err(refusal)),
+            Err(refusal) => return Step::Confirm(Err(refusal)),
         };
         if !decision.changed() && !touch_due {
-            return Step::confirm(read_revision, Ok(decision));
+            return Step::Confirm(Ok(decision));
         }
         let last_response = match (&decision.effect, decision.reply) {
             (Effect::Changed { .. }, Outcome::Started { response, .. }) => response.get(),
@@ -153,27 +105,26 @@ impl Inner {
         };
         let entry = entry::Entry::written(session.persisted(), last_response, &decision, nanos);
         Step::Write {
-            expected,
             entry,
             // Decided before this replica knew the stream's clock, the
             // entry holds a time of its own clock, which a later touch
             // check must not trust: the next call reads the stamped one.
             cache: stream_now.is_some(),
-            answer: decision,
+            answer: Ok(decision),
         }
     }
 
-    /// The session a call is decided on, from what was read: the revision
-    /// a write must expect, the session, the last response id it minted,
-    /// and whether it is stored (or, absent, whether there is room for it).
-    fn session_of(&self, read: Read, now: Millis) -> (KvRevision, Session, u64, Presence) {
+    /// The session a call is decided on, from what was read: the session,
+    /// the last response id it minted, and whether it is stored (or,
+    /// absent, whether there is room for it).
+    fn session_of(&self, read: Read, now: Millis) -> (Session, u64, Presence) {
         match read {
-            Read::Live { revision, entry } => {
+            Read::Live { entry, .. } => {
                 let mut session = Session::from_persisted(entry.persisted);
                 session.remember_live_since(entry.unix_nanos);
-                (revision, session, entry.last_response, Presence::Stored)
+                (session, entry.last_response, Presence::Stored)
             }
-            Read::Absent { revision } => {
+            Read::Absent { .. } => {
                 let max = self.rules.config.max_sessions;
                 let room = if self.view.mirror.session_count() >= max {
                     Room::Full { max }
@@ -181,7 +132,7 @@ impl Inner {
                     Room::Available
                 };
                 let presence = Presence::Absent { room };
-                (revision, Session::new(now), 0, presence)
+                (Session::new(now), 0, presence)
             }
         }
     }
@@ -207,10 +158,10 @@ impl Inner {
 
     /// One attempt of GetState's touch on what was read.
     fn decide_touch(&self, id: &SessionId, read: Read) -> Step<SessionSnapshot> {
-        let (revision, entry) = match read {
-            Read::Live { revision, entry } => (revision, entry),
+        let entry = match read {
+            Read::Live { entry, .. } => entry,
             Read::Absent { .. } => {
-                return Step::confirm(None, Err(CoordError::SessionNotFound(id.clone())))
+                return Step::Confirm(Err(CoordError::SessionNotFound(id.clone())))
             }
         };
         let now = self.now().millis();
@@ -219,7 +170,7 @@ impl Inner {
         if session.is_terminated() || !session.touch_due(now, self.rules.touch_interval) {
             // Someone touched it since the mirror's view; the read stands
             // only if confirmed, like any answer without a write.
-            return Step::confirm(Some(revision), Ok(snapshot));
+            return Step::Confirm(Ok(snapshot));
         }
         session.touch(now);
         let touched = entry::Entry {
@@ -228,119 +179,87 @@ impl Inner {
             ..entry
         };
         Step::Write {
-            expected: revision,
             entry: touched,
             cache: true,
-            answer: snapshot,
+            answer: Ok(snapshot),
         }
     }
 
-    /// Reads (or takes `cached`, the entry this replica last wrote), has
-    /// `decide` say what one attempt does with what was read, and carries
-    /// that out (`Step`): a write with compare-and-set over the revision read
-    /// (`write`, which knows a write whose answer was lost), or an answer
-    /// that writes nothing once `confirmed`. A conflict or an unconfirmed
-    /// answer goes round again from a fresh read, up to
-    /// `timings::MAX_ATTEMPTS`.
+    /// Drives a call's attempts (`attempts::CallAttempts`, the policy)
+    /// from `cached`, the entry this replica last wrote, if any: carries out
+    /// each store request it makes, has `decide` say what an attempt does
+    /// with what it read, and applies the answer's cache change.
     pub(super) async fn compare_and_set<T>(
         &self,
         id: &SessionId,
-        mut cached: Option<(KvRevision, entry::Entry)>,
+        cached: Option<(KvRevision, entry::Entry)>,
         mut patience: Patience,
         mut decide: impl FnMut(Read) -> Step<T>,
     ) -> Result<T, CoordError> {
         let key = entry::key(id);
-        let (mut lost, mut unconfirmed) = (0_u32, 0_u32);
-        for _ in 0..timings::MAX_ATTEMPTS {
-            let read = match cached.take() {
-                Some((revision, entry)) => Read::Live { revision, entry },
-                None => self.read(id, &key, &mut patience).await?,
+        let mut attempts = CallAttempts::new(cached, timings::MAX_ATTEMPTS);
+        // The bytes of the write in flight, which its successor is
+        // compared with when its answer was lost.
+        let mut sent = Bytes::new();
+        let mut command = attempts.start();
+        loop {
+            command = match command {
+                Command::Decide(read) => attempts.decided(decide(read)),
+                Command::Request(request) => {
+                    let report = self
+                        .request(id, &key, request, &attempts, &mut sent, &mut patience)
+                        .await?;
+                    report.to(&mut attempts)
+                }
+                Command::Answer(answer, cache) => {
+                    match cache {
+                        CacheChange::Keep => {}
+                        CacheChange::Put(revision, entry) => self.cache.put(id, revision, entry),
+                        CacheChange::Forget => drop(self.cache.take(id)),
+                    }
+                    return answer;
+                }
+                Command::GiveUp(why) => return Err(gave_up(id, &key, why)),
             };
-            let rewritable = (unconfirmed > 0).then(|| read.rewritable()).flatten();
-            match decide(read) {
-                Step::Stands(answer) => return answer,
-                Step::Confirm { read, answer } => match rewritable {
-                    Some((revision, entry)) if read == Some(revision) => {
-                        if self
-                            .rewrite(id, &key, revision, entry, &mut patience)
-                            .await?
-                        {
-                            return answer;
-                        }
-                        lost += 1;
-                    }
-                    _ => {
-                        if self.confirmed(id, read, &patience).await? {
-                            return answer;
-                        }
-                        unconfirmed += 1;
-                    }
-                },
-                Step::Write {
-                    expected,
-                    entry,
-                    cache,
-                    answer,
-                } => {
-                    let value = entry.encode();
-                    if let Some(revision) =
-                        self.write(&key, &value, expected, &mut patience).await?
-                    {
-                        if cache {
-                            self.cache.put(id, revision, entry);
-                        } else {
-                            self.cache.take(id);
-                        }
-                        return Ok(answer);
-                    }
-                    lost += 1;
-                }
-                Step::Purge { expected, answer } => {
-                    if self.purge(&key, expected, &mut patience).await? {
-                        self.cache.take(id);
-                        tracing::debug!(session_id = %id, "forgot terminated session");
-                        return Ok(answer);
-                    }
-                }
-            }
         }
-        tracing::debug!(session_id = %id, lost, unconfirmed, "contended: compare-and-sets lost, answers unconfirmed");
-        Err(CoordError::Contended(id.clone()))
     }
 
-    /// Confirms an answer that writes nothing by writing the entry it was
-    /// decided on back unchanged (no events: as a touch), with
-    /// compare-and-set over its revision: a write that lands proves that
-    /// revision was the key's latest when it landed, within the call. Used
-    /// once an answer went unconfirmed: on a session another replica writes
-    /// every few milliseconds, a quorum point (a write, then the mirror
-    /// catching up to it) nearly always comes after the next of those
-    /// writes, and confirming that way went round until the call was
-    /// answered "contended" (`respcoord-bench failover`, docs/cluster.md).
-    /// `false` if another write came first. Two replicas rewriting one
-    /// revision write the same bytes, so after a lost answer `landed` may
-    /// take the other's rewrite for this one's: harmless, as the entry then
-    /// stored is the one this answer was decided on, at a point within the
-    /// call.
-    async fn rewrite(
+    /// Makes one store request of a call's attempts.
+    async fn request<T>(
         &self,
         id: &SessionId,
         key: &str,
-        revision: KvRevision,
-        entry: entry::Entry,
+        request: Request,
+        attempts: &CallAttempts<entry::Entry, T>,
+        sent: &mut Bytes,
         patience: &mut Patience,
-    ) -> Result<bool, CoordError> {
-        let entry = entry::Entry {
-            events: Vec::new(),
-            ..entry
-        };
-        match self.write(key, &entry.encode(), revision, patience).await? {
-            Some(written) => {
-                self.cache.put(id, written, entry);
-                Ok(true)
+    ) -> Result<Report, CoordError> {
+        Ok(match request {
+            Request::Read => Report::Read(self.read(id, key, patience).await?),
+            Request::Write { expected } => {
+                *sent = attempts
+                    .entry_to_write()
+                    .map(entry::Entry::encode)
+                    .ok_or_else(|| unavailable("a write was asked for with no entry to write"))?;
+                Report::Written(self.write(key, sent, expected, patience).await?)
             }
-            None => Ok(false),
-        }
+            Request::Confirm { read } => {
+                Report::Confirmed(self.confirmed(id, read, patience).await?)
+            }
+            Request::Purge { expected } => {
+                let purged = self.purge(key, expected, patience).await?;
+                if purged {
+                    tracing::debug!(session_id = %id, "forgot terminated session");
+                }
+                Report::Purged(purged)
+            }
+            Request::Successor { expected } => {
+                Report::Successor(self.successor(key, expected, sent, patience).await?)
+            }
+            Request::Held { revision } => {
+                Report::Held(self.still_held(key, revision, patience).await?)
+            }
+        })
     }
 
     pub(super) fn count(&self, call: &Call, decision: &Decision) {
@@ -348,5 +267,42 @@ impl Inner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .record(call, decision);
+    }
+}
+
+/// What a store request of a call returned, for its attempts.
+enum Report {
+    Read(Read),
+    Written(Written),
+    Confirmed(bool),
+    Purged(bool),
+    Successor(Successor),
+    Held(bool),
+}
+
+impl Report {
+    fn to<A>(self, attempts: &mut CallAttempts<entry::Entry, A>) -> Command<entry::Entry, A> {
+        match self {
+            Report::Read(read) => attempts.read(read),
+            Report::Written(written) => attempts.written(written),
+            Report::Confirmed(confirmed) => attempts.confirmed(confirmed),
+            Report::Purged(purged) => attempts.purged(purged),
+            Report::Successor(successor) => attempts.successor(successor),
+            Report::Held(held) => attempts.held(held),
+        }
+    }
+}
+
+/// The error a call that gave up is answered.
+fn gave_up(id: &SessionId, key: &str, why: GiveUp) -> CoordError {
+    match why {
+        GiveUp::Contended { lost, unconfirmed } => {
+            tracing::debug!(session_id = %id, lost, unconfirmed, "contended: compare-and-sets lost, answers unconfirmed");
+            CoordError::Contended(id.clone())
+        }
+        GiveUp::LandingUnknown => CoordError::Unavailable(format!(
+            "the answer to a write of {key} was lost and the stream no longer holds what it \
+             was written over, so whether it landed cannot be told; retry"
+        )),
     }
 }

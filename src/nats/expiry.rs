@@ -131,8 +131,8 @@ impl Inner {
     /// One attempt of expiry on what was read: nothing to do, forget the
     /// tombstone, or write the expiry's teardown (its decision).
     fn decide_expiry(&self, id: &SessionId, read: Read) -> Step<Option<Decision>> {
-        let (revision, entry) = match read {
-            Read::Live { revision, entry } => (revision, entry),
+        let entry = match read {
+            Read::Live { entry, .. } => entry,
             Read::Absent { .. } => return Step::Stands(Ok(None)),
         };
         let now = self.now().millis();
@@ -140,12 +140,7 @@ impl Inner {
         session.remember_live_since(entry.unix_nanos);
         let ready = match decision::decide_expiry(&mut session, id, now, self.rules.ttls) {
             ExpiryDecision::NotDue { .. } => return Step::Stands(Ok(None)),
-            ExpiryDecision::Forget => {
-                return Step::Purge {
-                    expected: revision,
-                    answer: None,
-                }
-            }
+            ExpiryDecision::Forget => return Step::Purge(Ok(None)),
             ExpiryDecision::Expire(ready) => ready,
         };
         let nanos = Clock::unix_nanos();
@@ -159,10 +154,9 @@ impl Inner {
         let expired =
             entry::Entry::written(session.persisted(), entry.last_response, &decision, nanos);
         Step::Write {
-            expected: revision,
             entry: expired,
             cache: false,
-            answer: Some(decision),
+            answer: Ok(Some(decision)),
         }
     }
 }

@@ -1,27 +1,26 @@
-//! Whether a write whose answer was lost landed after all.
+//! The store requests that tell whether a write whose answer was lost
+//! landed after all (the policy is `attempts`).
 //!
 //! A write is tried again, with the same bytes over the same revision, when
 //! its try went unanswered (a timeout, a leader move). If the first try
 //! landed, the retry meets a conflict, and the call must answer what its own
 //! write did, never decide and write a second time: a Cancel applied twice
 //! cancels a response another gateway started in between, a Start applied
-//! twice supersedes it (the NATS-path model, `tests/model_check/nats_path.rs`,
-//! found exactly this when the key moved again before the re-read).
+//! twice supersedes it (model 4, `tests/model_check/nats_path.rs`, finds
+//! exactly this when the key moved again before the re-read).
 //!
 //! A compare-and-set lands only over the revision it expects, so if it
 //! landed it is the key's first message after that revision, however many
-//! came after it. The stream holds a key's last `--nats-history` messages:
-//! when the expected revision itself is still held, nothing between it and
-//! its successor was dropped, and the successor tells for certain whether
-//! the write landed. When it is not (the key moved that many times since, or
-//! the write created the key), and the successor is not this write, nobody
-//! can tell: the call is answered UNAVAILABLE, as any write whose answer
-//! was lost is, and never applied a second time.
+//! came after it ([`Inner::successor`]). The stream holds a key's last
+//! `--nats-history` messages: when the expected revision itself is still
+//! held ([`Inner::still_held`]), nothing between it and its successor was
+//! dropped, and the successor tells for certain whether the write landed.
 
 use async_nats::jetstream::stream::RawMessageErrorKind;
 use bytes::Bytes;
 
 use super::{
+    attempts::Successor,
     entry::KvRevision,
     failure::{Patience, StoreFailure},
     observed::{RetryReason, StoreOp},
@@ -29,29 +28,21 @@ use super::{
 };
 use crate::error::CoordError;
 
-/// What became of a write whose retry met a conflict.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Landed {
-    /// It landed, at this revision: the call's answer is what it decided.
-    At(KvRevision),
-    /// Another write came first: decide again from a fresh read.
-    No,
-}
-
 impl Inner {
-    /// Whether `value`, written to `key` over `expected`, landed (see the
-    /// module). Read from the stream leader: a read a deposed leader serves
-    /// holds a prefix of the stream, which may lack the successor the
-    /// conflict proved exists, and is then asked again.
-    pub(super) async fn landed(
+    /// The key's first message after `expected`, and whether it holds
+    /// `value`, the bytes the write sent. Read from the stream leader: a
+    /// read a deposed leader serves holds a prefix of the stream, which may
+    /// lack the successor the conflict proved exists, and is then asked
+    /// again.
+    pub(super) async fn successor(
         &self,
         key: &str,
         expected: KvRevision,
         value: &Bytes,
         patience: &mut Patience,
-    ) -> Result<Landed, CoordError> {
+    ) -> Result<Successor, CoordError> {
         let subject = format!("{}{key}", self.kv.prefix);
-        let successor = patience
+        let (sequence, payload) = patience
             .retry(&self.observed, StoreOp::Read, || async {
                 match self
                     .stream
@@ -73,25 +64,20 @@ impl Inner {
             })
             .await
             .map_err(StoreFailure::into_error)?;
-        if successor.1 == *value {
-            return Ok(Landed::At(KvRevision::at(successor.0)));
-        }
-        if expected != KvRevision::NONE && self.still_held(&subject, expected, patience).await? {
-            return Ok(Landed::No);
-        }
-        Err(CoordError::Unavailable(format!(
-            "the answer to a write of {key} was lost and the stream no longer holds what it \
-             was written over, so whether it landed cannot be told; retry"
-        )))
+        Ok(Successor {
+            revision: KvRevision::at(sequence),
+            ours: payload == *value,
+        })
     }
 
-    /// Whether the stream still holds `subject`'s message at `revision`.
-    async fn still_held(
+    /// Whether the stream still holds `key`'s message at `revision`.
+    pub(super) async fn still_held(
         &self,
-        subject: &str,
+        key: &str,
         revision: KvRevision,
         patience: &mut Patience,
     ) -> Result<bool, CoordError> {
+        let subject = format!("{}{key}", self.kv.prefix);
         patience
             .retry(&self.observed, StoreOp::Read, || async {
                 match self.stream.get_raw_message(revision.get()).await {

@@ -9,11 +9,11 @@ use std::{sync::Arc, time::Duration};
 use async_nats::jetstream::kv::{self, Operation};
 
 use super::{
+    attempts::Written,
     call::Read,
     clock,
     entry::{self, KvRevision},
     failure::{Patience, StoreFailure},
-    landed::Landed,
     observed::{NatsStats, StoreOp},
     quorum::QuorumPoints,
     timings,
@@ -165,24 +165,24 @@ impl Inner {
         Ok(self.view.mirror.latest_at(id, point) == Some(read))
     }
 
-    /// Writes `value` if the key is still at `expected`: the new revision,
-    /// or `None` when another write came first. A transient failure is
-    /// tried again with the same bytes and expectation; if an earlier try
-    /// landed after all, the retry meets a conflict, and whether this write
-    /// is what moved the key is read from the stream (`landed`).
+    /// Writes `value` if the key is still at `expected`. A transient
+    /// failure is tried again with the same bytes and expectation; if an
+    /// earlier try landed after all, the retry meets a conflict, which is
+    /// then reported as possibly the write's own
+    /// (`Written::ConflictAfterUnanswered`).
     pub(super) async fn write(
         &self,
         key: &str,
         value: &bytes::Bytes,
         expected: KvRevision,
         patience: &mut Patience,
-    ) -> Result<Option<KvRevision>, CoordError> {
+    ) -> Result<Written, CoordError> {
         if crate::shared::faults::unguarded_writes() {
             return self
                 .kv
                 .put(key, value.clone())
                 .await
-                .map(|revision| Some(KvRevision::at(revision)))
+                .map(|revision| Written::At(KvRevision::at(revision)))
                 .map_err(unavailable);
         }
         let mut tries = 0_u32;
@@ -204,14 +204,9 @@ impl Inner {
             })
             .await;
         match written {
-            Ok(revision) => Ok(Some(KvRevision::at(revision))),
-            Err(StoreFailure::Conflict) if tries > 1 => {
-                match self.landed(key, expected, value, patience).await? {
-                    Landed::At(revision) => Ok(Some(revision)),
-                    Landed::No => Ok(None),
-                }
-            }
-            Err(StoreFailure::Conflict) => Ok(None),
+            Ok(revision) => Ok(Written::At(KvRevision::at(revision))),
+            Err(StoreFailure::Conflict) if tries > 1 => Ok(Written::ConflictAfterUnanswered),
+            Err(StoreFailure::Conflict) => Ok(Written::Conflict),
             Err(failure) => Err(failure.into_error()),
         }
     }

@@ -36,7 +36,7 @@ use std::{sync::OnceLock, time::Duration};
 use crate::session::Millis;
 
 /// Compare-and-set attempts per call before it is answered ABORTED.
-pub(super) const MAX_ATTEMPTS: usize = 32;
+pub(super) const MAX_ATTEMPTS: u32 = 32;
 
 /// Default of `--nats-timeout`: longest one JetStream request may take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);

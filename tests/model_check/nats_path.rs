@@ -7,22 +7,19 @@
 //! decided on (`kv.update`); a read may be served by a deposed stream leader
 //! and so return any committed revision, not only the latest.
 //!
-//! Each replica runs its calls one at a time (its per-session lock) the way
-//! `Inner::call` does: take the entry this replica last wrote from its cache
-//! (`nats/cache.rs`) or read the key; decide with the real shared decision
-//! (one adapter, [`decide`]); an answer that changes something is written
-//! with compare-and-set, and a conflict sends the call round again from a
-//! fresh read; an answer that writes nothing (a no-op, a replay, a refusal)
-//! is given only once a quorum point after the call arrived shows the entry
-//! it was decided on still the key's latest (`Inner::confirmed`,
-//! `nats/quorum.rs`), else the call goes round again; once an answer went
-//! unconfirmed, a no-write answer decided again on a live session's entry
-//! is confirmed by writing that entry back unchanged with compare-and-set
-//! (`Inner::rewrite`), a write like any other here. A write whose try
-//! went unanswered is tried again, the same bytes over the same revision
-//! (`Inner::write`); if the retry meets a conflict, the key's first write
-//! after that revision tells whether the call's write landed
-//! (`nats/landed.rs`).
+//! Each replica runs its calls one at a time (its per-session lock), each
+//! call driven by the real attempt machine, `nats::attempts::CallAttempts`,
+//! the one `Inner::compare_and_set` drives: the model answers the store
+//! requests it makes (a read, possibly stale; a compare-and-set write, whose
+//! try may land with its answer lost or go unanswered; a quorum point) and
+//! decides each attempt with the real shared decision (one adapter,
+//! [`decide`]), so the policy checked is the one that serves: the cache on
+//! the first attempt, confirmation of an answer that writes nothing at a
+//! quorum point or by writing its entry back, going round after a
+//! conflict, and the lost-answer check by the expected revision's
+//! successor. Only the driver's part is written here: what a request
+//! returns, and that a write whose try went unanswered is sent again and
+//! a conflict then reported as possibly its own (`Inner::write`).
 //!
 //! A ghost sequential run, the real `Session` fed the committed writes in
 //! commit order, judges every answer (see [`NatsState::spec`]).
@@ -32,6 +29,13 @@ use respcoord::{
     error::CoordError,
     ids::{RequestId, ResponseId, SessionId},
     machine::{EventKind, FinishStatus, Outcome, Phase, Source, TeardownReason},
+    nats::{
+        attempts::{
+            CacheChange, CallAttempts, Command, GiveUp, Read, Request, Step, Stored, Successor,
+            Written,
+        },
+        KvRevision,
+    },
     session::{Call, Millis, Session},
 };
 use stateright::{Model, Property};
@@ -78,11 +82,28 @@ impl Req {
 }
 
 /// A stored entry: the session's durable fields (`Session::persisted`, as
-/// `nats/entry.rs` stores them) and the highest response id it minted.
+/// `nats/entry.rs` stores them), the highest response id it minted, and
+/// the kinds of the events of the transition that wrote it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Entry {
     pub session: Session,
     pub last_response: u64,
+    pub kinds: Vec<EventKind>,
+}
+
+/// What the attempt machine needs of an entry, as `nats/call.rs` says it
+/// of the stored one.
+impl Stored for Entry {
+    fn rewritable(&self) -> bool {
+        !self.session.is_terminated()
+    }
+
+    fn without_events(self) -> Self {
+        Entry {
+            kinds: Vec::new(),
+            ..self
+        }
+    }
 }
 
 /// What a call's reply says, ids as numbers (the model's own type, so the
@@ -123,9 +144,9 @@ pub enum Answer {
 /// What the shared decision makes of a call on an entry.
 pub struct Decided {
     pub answer: Answer,
-    /// The entry to write and the events it carries; `None` for an answer
-    /// that writes nothing.
-    pub write: Option<(Entry, Vec<EventKind>)>,
+    /// The entry to write, with the events it carries; `None` for an
+    /// answer that writes nothing.
+    pub write: Option<Entry>,
 }
 
 /// The one place this model calls the real decision, as `Inner::call` does
@@ -200,11 +221,11 @@ pub fn decide(session_id: &SessionId, read: Option<&Entry>, req: Req) -> Decided
         };
         // What the entry stores, as a replica reading it back rebuilds it.
         let session = Session::from_persisted(session.persisted());
-        let entry = Entry {
+        Entry {
             session,
             last_response,
-        };
-        (entry, kinds)
+            kinds,
+        }
     });
     Decided { answer, write }
 }
@@ -236,27 +257,24 @@ fn replays(original: Answer, answer: Answer) -> bool {
     }
 }
 
-/// Deliberately broken replicas: each must make a property fail. The
-/// mutation is in how this model's replica runs the call path; `src/` is
-/// unchanged.
+/// Attempts a call makes in the model before it gives up as contended:
+/// enough for every path the properties name (a conflict, an unconfirmed
+/// answer, then a rewrite; a lost answer, then a fresh decision), and few,
+/// as each attempt the counter tells apart is a state of its own.
+const MODEL_ATTEMPTS: u32 = 3;
+
+/// A broken driver or store: each must make a property fail. The attempt
+/// machine's own policy is mutated in its source instead
+/// (`scripts/mutants.sh`, docs/verification.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mutation {
-    /// The call path as `Inner::call` is.
+    /// The driver and store as they are.
     None,
-    /// An answer that writes nothing is given at once, from whatever entry
-    /// it was decided on (a deposed leader's read, or the cache), with no
-    /// quorum point.
-    SkipConfirmation,
-    /// The cached entry is taken for the latest: a write decided on it is
-    /// a plain put, not a compare-and-set.
+    /// The driver takes the cached entry for the latest: a write decided
+    /// on it is sent as a plain put, not a compare-and-set.
     TrustCache,
-    /// Every write is a plain put (`kv.put`), with no expected revision.
+    /// The store ignores the expected revision: every write is a put.
     CasOff,
-    /// The call path before `nats/landed.rs`: a retry that meets a conflict
-    /// after an unanswered try sends the call round again, and the call
-    /// recognises its own write only if a read returns it, that is, in
-    /// practice, only while it is still the key's latest entry.
-    OwnWriteOnlyIfLatest,
 }
 
 /// Whether a write's try can go unanswered.
@@ -266,10 +284,10 @@ pub enum Acks {
     Reliable,
     /// A try may go unanswered (a timeout during a stream leader move),
     /// having landed (its acknowledgement lost) or not: `Inner::write`
-    /// sends the same write over the same revision again. If that retry
-    /// meets a conflict, the key's first write after the expected revision
-    /// (`Inner::landed`) tells whether the call's write landed there. No
-    /// other replica writes before that call's retry has been answered.
+    /// sends the same write over the same revision again, and a conflict it
+    /// then meets is reported as possibly its own
+    /// (`Written::ConflictAfterUnanswered`). No other replica writes before
+    /// that call is answered.
     LostRereadFirst,
     /// The same, and other replicas may write in between.
     Lost,
@@ -290,30 +308,27 @@ pub struct Version {
     pub answer: Answer,
 }
 
-/// Where a replica is in its current call.
+/// A replica's current call: the real attempt machine, the store request
+/// it waits on, and what the driver and the checker know of it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum Step {
-    /// No call in progress.
-    Between,
-    /// The call needs the key read from the store.
-    Reading,
-    /// Decided without a write on the entry at revision `read`; waiting for
-    /// a quorum point to confirm it.
-    Confirming { read: u8, answer: Answer },
-    /// Decided with a write against revision `expected`.
-    Writing {
-        expected: u8,
-        entry: Entry,
-        kinds: Vec<EventKind>,
-        answer: Answer,
-        from_cache: bool,
-        /// An earlier try of this write went unanswered (`tries > 1` in
-        /// `Inner::write`): a conflict now may be the write's own.
-        unanswered: bool,
-        /// The entry read, written back to confirm a no-write answer
-        /// (`Inner::rewrite`): the sequential run changes nothing here.
-        rewrite: bool,
-    },
+pub struct InFlight {
+    pub attempts: CallAttempts<Entry, Answer>,
+    pub request: Request,
+    /// The key's latest revision when the call arrived.
+    pub invoked_at: u8,
+    /// Driver: a try of the write in flight went unanswered (`tries > 1`
+    /// in `Inner::write`), so a conflict may be its own.
+    pub resent: bool,
+    /// A try of this call's writes went unanswered; at most one per call,
+    /// which bounds the writes a call makes.
+    pub lost_try: bool,
+    /// Ghost: the attempt in progress decided on the cached entry.
+    pub from_cache: bool,
+    /// Ghost: attempts decided so far, counted to two (went round again).
+    pub decisions: u8,
+    /// Ghost: the write in flight writes back the entry read, to confirm
+    /// an answer without a write.
+    pub rewrite: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -324,24 +339,7 @@ pub struct Replica {
     /// the entry itself is the store's at that revision, which never
     /// changes once committed).
     pub cache: Option<u8>,
-    pub step: Step,
-    /// The key's latest revision when the current call arrived.
-    pub invoked_at: u8,
-    /// The current call went round again (a conflict, or a read that was
-    /// not confirmed).
-    pub retried: bool,
-    /// A no-write answer of the current call went unconfirmed: the next
-    /// one is confirmed by writing its entry back (`Inner::rewrite`).
-    pub unconfirmed: bool,
-    /// What the current call's write whose try went unanswered (landed or
-    /// not) decided; at most one per call, which bounds the writes a call
-    /// makes. The real call compares the bytes it tried with the bytes
-    /// stored; each write's bytes are unique (they hold the time), so here
-    /// the writer of a committed version stands for them. Rewrites of one
-    /// revision are the exception: two hold the same bytes, and the real
-    /// call may take the other's for its own, answering on the entry that
-    /// stands stored (`Inner::rewrite`); here it goes round again instead.
-    pub unanswered: Option<Answer>,
+    pub call: Option<InFlight>,
 }
 
 /// What the last step did, for the reachability properties.
@@ -365,8 +363,8 @@ pub enum Effect {
     /// A try of a write went unanswered without landing.
     Unanswered,
     /// The call's own unacknowledged write was found (the successor of the
-    /// revision it expected; under `OwnWriteOnlyIfLatest`, a read); it is
-    /// answered. `after_another_write`: the key had moved past it.
+    /// revision it expected); it is answered. `after_another_write`: the
+    /// key had moved past it.
     Recognised { after_another_write: bool },
     /// A retry met a conflict after an unanswered try, and the successor
     /// of the expected revision is another call's: the write did not land,
@@ -376,8 +374,8 @@ pub enum Effect {
     /// over is not in the stream, so whether it landed cannot be told. The
     /// call is answered UNAVAILABLE, an error that applies nothing.
     Unavailable,
-    /// (Mutation only) a no-write answer given without a quorum point.
-    AnsweredUnconfirmed,
+    /// Every attempt lost: ABORTED "contended", which applies nothing.
+    Contended,
 }
 
 /// Sticky violations found when a call is answered.
@@ -414,6 +412,26 @@ impl NatsState {
             .map(|index| &self.store[usize::from(index)].entry)
     }
 
+    /// The key as a read at `revision` returns it.
+    fn read_at(&self, revision: u8) -> Read<Entry> {
+        match self.entry_at(revision) {
+            Some(entry) => Read::Live {
+                revision: KvRevision::at(u64::from(revision)),
+                entry: entry.clone(),
+            },
+            None => Read::Absent {
+                revision: KvRevision::NONE,
+            },
+        }
+    }
+
+    fn call(&mut self, replica: u8) -> &mut InFlight {
+        self.replicas[usize::from(replica)]
+            .call
+            .as_mut()
+            .expect("a replica in a call")
+    }
+
     /// The sequential run: the state the real `Session` reaches when the
     /// committed calls are applied one after another in commit order,
     /// after the first `revision` writes. This is what a linearizable
@@ -442,6 +460,11 @@ impl NatsState {
         }
         (1..=self.latest()).all(|revision| kept & (1 << revision) != 0)
     }
+}
+
+/// A KV revision of the model's store, as its index.
+fn small(revision: KvRevision) -> u8 {
+    u8::try_from(revision.get()).expect("a handful of writes")
 }
 
 pub struct NatsPath {
@@ -485,72 +508,104 @@ impl NatsPath {
         self.scripts[usize::from(replica)][usize::from(r.next)]
     }
 
-    /// Decides the replica's call on the entry at `revision` and moves it
-    /// on: to a write, to a quorum point, or (mutation) to its answer.
-    fn decided(&self, state: &mut NatsState, replica: u8, revision: u8, from_cache: bool) {
-        let req = self.req(state, replica);
-        let read = state.entry_at(revision);
-        let Decided { answer, write } = decide(&self.session_id, read, req);
-        // `Read::rewritable`: a live session's entry, not a terminated one's.
-        let rewritable = read
-            .filter(|entry| {
-                state.replicas[usize::from(replica)].unconfirmed && !entry.session.is_terminated()
-            })
-            .cloned();
-        let step = match (write, rewritable) {
-            (Some((entry, kinds)), _) => Step::Writing {
-                expected: revision,
-                entry,
-                kinds,
-                answer,
-                from_cache,
-                unanswered: false,
-                rewrite: false,
-            },
-            (None, Some(entry)) if self.mutation != Mutation::SkipConfirmation => Step::Writing {
-                expected: revision,
-                entry,
-                kinds: Vec::new(),
-                answer,
-                from_cache,
-                unanswered: false,
-                rewrite: true,
-            },
-            (None, _) if self.mutation == Mutation::SkipConfirmation => {
-                state.last = Some(Effect::AnsweredUnconfirmed);
-                self.answered(state, replica, answer);
-                return;
-            }
-            (None, _) => Step::Confirming {
-                read: revision,
-                answer,
-            },
-        };
-        state.replicas[usize::from(replica)].step = step;
+    /// Carries out the machine's commands as the driver
+    /// (`Inner::compare_and_set`) does, up to the next store request the
+    /// checker chooses how to answer; the lost-answer lookups are answered
+    /// at once, from the store.
+    fn run(&self, state: &mut NatsState, replica: u8, mut command: Command<Entry, Answer>) {
+        let call = (replica, state.replicas[usize::from(replica)].next);
+        loop {
+            let latest = state.latest();
+            let in_flight = state.call(replica);
+            command = match command {
+                Command::Decide(read) => {
+                    in_flight.decisions = (in_flight.decisions + 1).min(2);
+                    let step =
+                        match decide(&self.session_id, entry_of(&read), self.req(state, replica)) {
+                            Decided {
+                                answer,
+                                write: Some(entry),
+                            } => Step::Write {
+                                entry,
+                                cache: true,
+                                answer,
+                            },
+                            Decided {
+                                answer,
+                                write: None,
+                            } => Step::Confirm(answer),
+                        };
+                    let rewrite = matches!(step, Step::Confirm(_));
+                    let in_flight = state.call(replica);
+                    let next = in_flight.attempts.decided(step);
+                    if let Command::Request(Request::Write { .. }) = next {
+                        in_flight.rewrite = rewrite;
+                        in_flight.resent = false;
+                    }
+                    next
+                }
+                Command::Request(Request::Successor { expected }) => {
+                    // A compare-and-set lands only over the revision it
+                    // expects: the key's first write after it is this
+                    // call's, or this call's did not land.
+                    let revision = small(expected) + 1;
+                    let ours = state.store[usize::from(small(expected))].writer == call;
+                    state.last = Some(if ours {
+                        Effect::Recognised {
+                            after_another_write: revision < latest,
+                        }
+                    } else {
+                        Effect::NotLanded
+                    });
+                    state.call(replica).attempts.successor(Successor {
+                        revision: KvRevision::at(u64::from(revision)),
+                        ours,
+                    })
+                }
+                // The stream's per-key history is not modelled as dropping
+                // anything: what a write expected is always still held.
+                Command::Request(Request::Held { .. }) => in_flight.attempts.held(true),
+                Command::Request(request) => {
+                    in_flight.request = request;
+                    return;
+                }
+                Command::Answer(answer, cache) => {
+                    let r = &mut state.replicas[usize::from(replica)];
+                    match cache {
+                        CacheChange::Keep => {}
+                        CacheChange::Put(revision, _) => r.cache = Some(small(revision)),
+                        CacheChange::Forget => r.cache = None,
+                    }
+                    self.answered(state, replica, answer);
+                    return;
+                }
+                Command::GiveUp(why) => {
+                    // Either error applies nothing and claims nothing.
+                    state.last = Some(match why {
+                        GiveUp::LandingUnknown => Effect::Unavailable,
+                        GiveUp::Contended { .. } => Effect::Contended,
+                    });
+                    Self::next_call(state, replica);
+                    return;
+                }
+            };
+        }
     }
 
-    /// Goes round again from a fresh read.
-    fn retry(state: &mut NatsState, replica: u8) {
-        let r = &mut state.replicas[usize::from(replica)];
-        r.step = Step::Reading;
-        r.retried = true;
-    }
-
-    /// A call is answered other than by its own acknowledged write (a
-    /// no-write answer, or a write of its own recognised on a read). If a
-    /// write of the call landed, the answer is the sequential run's there;
-    /// else it is what the sequential run answers, without a change, at
-    /// some revision that was the latest during the call.
+    /// A call is answered. If a write of the call landed, the answer is
+    /// the sequential run's there; else it is what the sequential run
+    /// answers, without a change, at some revision that was the latest
+    /// during the call.
     fn answered(&self, state: &mut NatsState, replica: u8, answer: Answer) {
         let req = self.req(state, replica);
         let r = &state.replicas[usize::from(replica)];
-        let (invoked_at, call) = (r.invoked_at, (replica, r.next));
+        let invoked_at = r.call.as_ref().expect("a call").invoked_at;
+        let call = (replica, r.next);
         let linearizable = match state.store.iter().find(|v| v.writer == call) {
-            // A write of this call landed (unacknowledged): the call took
-            // effect there, so that is where its answer must come from; or,
-            // for a Start, the replay of that answer that a client's retry
-            // would get later (the contract's replay: same ids, the state
-            // as it is now).
+            // A write of this call landed: the call took effect there, so
+            // that is where its answer must come from; or, for a Start, the
+            // replay of that answer that a client's retry would get later
+            // (the contract's replay: same ids, the state as it is now).
             Some(landed) => landed.answer == answer || replays(landed.answer, answer),
             None => (invoked_at..=state.latest()).any(|revision| {
                 let sequential = decide(&self.session_id, state.spec(revision), req);
@@ -566,48 +621,37 @@ impl NatsPath {
     fn next_call(state: &mut NatsState, replica: u8) {
         let r = &mut state.replicas[usize::from(replica)];
         r.next += 1;
-        r.step = Step::Between;
-        r.invoked_at = 0;
-        r.retried = false;
-        r.unconfirmed = false;
-        r.unanswered = None;
+        r.call = None;
     }
 
-    /// Commits the replica's write at the next revision and, if `acked`,
-    /// answers it. The write is linearized here: the sequential run, given
-    /// the call next, must answer the same and store the same.
-    fn commit(&self, state: &mut NatsState, replica: u8, acked: bool) {
+    /// Commits the replica's write at the next revision. The write is
+    /// linearized here: the sequential run, given the call next, must
+    /// answer the same and store the same (a rewrite: store nothing new
+    /// and answer the same).
+    fn commit(&self, state: &mut NatsState, replica: u8, expected: u8) {
         let req = self.req(state, replica);
-        let r = &state.replicas[usize::from(replica)];
-        let Step::Writing {
-            expected,
-            entry,
-            kinds,
-            answer,
-            from_cache,
-            rewrite,
-            ..
-        } = r.step.clone()
-        else {
-            unreachable!("only a writing replica writes")
-        };
-        let (writer, retried) = ((replica, r.next), r.retried);
+        let writer = (replica, state.replicas[usize::from(replica)].next);
+        let in_flight = state.call(replica);
+        let rewrite = in_flight.rewrite;
+        let entry = in_flight
+            .attempts
+            .entry_to_write()
+            .expect("a write in flight")
+            .clone();
         if state.store.iter().any(|v| v.writer == writer) {
             state.faults |= Fault::AppliedTwice as u8;
         }
         let before = state.spec(state.latest()).cloned();
         let sequential = decide(&self.session_id, before.as_ref(), req);
         let spec = match sequential.write {
-            // A rewrite stores what was there, and the sequential run,
-            // given the call here, writes nothing and answers the same.
             _ if rewrite => {
-                if sequential.write.is_some() || sequential.answer != answer {
+                if sequential.write.is_some() {
                     state.faults |= Fault::NotLinearizable as u8;
                 }
                 before
             }
-            Some((spec, _)) => {
-                if spec != entry || sequential.answer != answer {
+            Some(spec) => {
+                if spec != entry {
                     state.faults |= Fault::NotLinearizable as u8;
                 }
                 Some(spec)
@@ -617,7 +661,7 @@ impl NatsPath {
                 before
             }
         };
-        for kind in &kinds {
+        for kind in &entry.kinds {
             state.ledger.observe(kind);
         }
         state.store.push(Version {
@@ -627,72 +671,14 @@ impl NatsPath {
             spec,
             answer: sequential.answer,
         });
-        let revision = state.latest();
-        let r = &mut state.replicas[usize::from(replica)];
-        if acked {
-            r.cache = Some(revision);
-            state.last = Some(if rewrite {
-                Effect::Rewritten
-            } else {
-                Effect::Wrote {
-                    from_cache,
-                    retried,
-                }
-            });
-            Self::next_call(state, replica);
-        } else {
-            // `Inner::write` sends the same write again (`Action::Write`),
-            // which will meet a conflict: its own write, or later ones.
-            Self::unanswered(r);
-            state.last = Some(Effect::AckLost);
-        }
     }
+}
 
-    /// A try of the replica's write went unanswered: it is tried again.
-    fn unanswered(r: &mut Replica) {
-        let Step::Writing {
-            answer,
-            ref mut unanswered,
-            ..
-        } = r.step
-        else {
-            unreachable!("only a writing replica writes")
-        };
-        *unanswered = true;
-        r.unanswered = Some(answer);
-    }
-
-    /// A retry met a conflict after an earlier try went unanswered: did the
-    /// write land? `Inner::landed` reads the key's first write after the
-    /// expected revision (from the stream leader: a deposed leader's prefix
-    /// that lacks it is asked again, a delay). A compare-and-set lands only
-    /// over the revision it expects, so if the write landed, it is that
-    /// one, however many writes came after. The stream's per-key history
-    /// is not modelled as evicting anything: the expected revision's own
-    /// write is always still held, except for a create (revision 0).
-    fn landed(&self, state: &mut NatsState, replica: u8, expected: u8) {
-        let r = &state.replicas[usize::from(replica)];
-        let call = (replica, r.next);
-        let answer = r.unanswered.expect("an unanswered try");
-        if state.store[usize::from(expected)].writer == call {
-            // `Landed::At`: the call answers what it decided, and caches
-            // the entry at the revision it landed at.
-            let revision = expected + 1;
-            state.last = Some(Effect::Recognised {
-                after_another_write: revision < state.latest(),
-            });
-            state.replicas[usize::from(replica)].cache = Some(revision);
-            self.answered(state, replica, answer);
-        } else if expected > 0 {
-            // `Landed::No`: decided again from a fresh read.
-            state.last = Some(Effect::NotLanded);
-            Self::retry(state, replica);
-        } else {
-            // Whether it landed cannot be told: UNAVAILABLE, which
-            // applies nothing and claims nothing.
-            state.last = Some(Effect::Unavailable);
-            Self::next_call(state, replica);
-        }
+/// The entry a read holds, as the shared decision takes it.
+fn entry_of(read: &Read<Entry>) -> Option<&Entry> {
+    match read {
+        Read::Live { entry, .. } => Some(entry),
+        Read::Absent { .. } => None,
     }
 }
 
@@ -704,11 +690,7 @@ impl Model for NatsPath {
         let replica = Replica {
             next: 0,
             cache: None,
-            step: Step::Between,
-            invoked_at: 0,
-            retried: false,
-            unconfirmed: false,
-            unanswered: None,
+            call: None,
         };
         vec![NatsState {
             store: Vec::new(),
@@ -720,30 +702,34 @@ impl Model for NatsPath {
     }
 
     fn actions(&self, state: &NatsState, actions: &mut Vec<Action>) {
-        let rereading = state.replicas.iter().position(|r| r.unanswered.is_some());
+        let rereading = state
+            .replicas
+            .iter()
+            .position(|r| r.call.as_ref().is_some_and(|call| call.lost_try));
         for (index, r) in state.replicas.iter().enumerate() {
             let may_write = self.acks != Acks::LostRereadFirst
                 || rereading.is_none_or(|waiting| waiting == index);
             let replica = u8::try_from(index).expect("a few replicas");
-            match r.step {
-                Step::Between if usize::from(r.next) < self.scripts[index].len() => {
+            let Some(call) = &r.call else {
+                if usize::from(r.next) < self.scripts[index].len() {
                     actions.push(Action::Invoke(replica));
                 }
-                Step::Between => {}
-                Step::Reading => actions.extend(
+                continue;
+            };
+            match call.request {
+                Request::Read => actions.extend(
                     (0..=state.latest()).map(|revision| Action::Read { replica, revision }),
                 ),
-                Step::Confirming { .. } => actions.push(Action::Confirm(replica)),
-                Step::Writing { .. } if may_write => {
+                Request::Confirm { .. } => actions.push(Action::Confirm(replica)),
+                Request::Write { .. } if may_write => {
                     actions.push(Action::Write(replica));
-                    // At most one unanswered try per call, which bounds
-                    // the writes a call makes (two).
-                    if self.acks != Acks::Reliable && r.unanswered.is_none() {
+                    if self.acks != Acks::Reliable && !call.lost_try {
                         actions.push(Action::WriteAckLost(replica));
                         actions.push(Action::WriteUnanswered(replica));
                     }
                 }
-                Step::Writing { .. } => {}
+                Request::Write { .. } => {}
+                other => unreachable!("{other:?} is not a request this model makes"),
             }
         }
     }
@@ -753,93 +739,71 @@ impl Model for NatsPath {
         state.last = None;
         match action {
             Action::Invoke(replica) => {
-                let latest = state.latest();
-                let r = &mut state.replicas[usize::from(replica)];
-                r.invoked_at = latest;
+                let invoked_at = state.latest();
                 // `EntryCache::take`: the cached entry serves this call only.
-                match r.cache.take() {
-                    Some(revision) => self.decided(&mut state, replica, revision, true),
-                    None => r.step = Step::Reading,
-                }
+                let cached =
+                    state.replicas[usize::from(replica)]
+                        .cache
+                        .take()
+                        .and_then(|revision| {
+                            let entry = state.entry_at(revision)?.clone();
+                            Some((KvRevision::at(u64::from(revision)), entry))
+                        });
+                let mut attempts = CallAttempts::new(cached.clone(), MODEL_ATTEMPTS);
+                let first = attempts.start();
+                state.replicas[usize::from(replica)].call = Some(InFlight {
+                    attempts,
+                    request: Request::Read,
+                    invoked_at,
+                    resent: false,
+                    lost_try: false,
+                    from_cache: cached.is_some(),
+                    decisions: 0,
+                    rewrite: false,
+                });
+                self.run(&mut state, replica, first);
             }
             Action::Read { replica, revision } => {
-                let r = &state.replicas[usize::from(replica)];
-                let call = (replica, r.next);
-                if let (Mutation::OwnWriteOnlyIfLatest, Some(answer), Some(index)) =
-                    (self.mutation, r.unanswered, revision.checked_sub(1))
-                {
-                    if state.store[usize::from(index)].writer == call {
-                        // The call's own write, landed after all: its answer.
-                        state.last = Some(Effect::Recognised {
-                            after_another_write: revision < state.latest(),
-                        });
-                        self.answered(&mut state, replica, answer);
-                        return Some(state);
-                    }
-                }
                 if revision < state.latest() {
                     state.last = Some(Effect::StaleRead);
                 }
-                self.decided(&mut state, replica, revision, false);
+                let read = state.read_at(revision);
+                let in_flight = state.call(replica);
+                in_flight.from_cache = false;
+                let next = in_flight.attempts.read(read);
+                self.run(&mut state, replica, next);
             }
             Action::Confirm(replica) => {
-                let Step::Confirming { read, answer } = state.replicas[usize::from(replica)].step
-                else {
+                let latest = state.latest();
+                let in_flight = state.call(replica);
+                let Request::Confirm { read } = in_flight.request else {
                     unreachable!("only a confirming replica confirms")
                 };
-                if read == state.latest() {
-                    let retried = state.replicas[usize::from(replica)].retried;
-                    let replay = matches!(
-                        answer,
-                        Answer::Replied {
-                            said: Said::Started { replayed: true, .. },
-                            ..
-                        }
-                    );
-                    state.last = Some(Effect::Confirmed { retried, replay });
-                    self.answered(&mut state, replica, answer);
-                } else {
-                    state.last = Some(Effect::Unconfirmed);
-                    state.replicas[usize::from(replica)].unconfirmed = true;
-                    Self::retry(&mut state, replica);
-                }
+                let confirmed = read.map_or(0, small) == latest;
+                let retried = in_flight.decisions > 1;
+                let next = in_flight.attempts.confirmed(confirmed);
+                state.last = Some(match &next {
+                    Command::Answer(answer, _) => Effect::Confirmed {
+                        retried,
+                        replay: matches!(
+                            answer,
+                            Answer::Replied {
+                                said: Said::Started { replayed: true, .. },
+                                ..
+                            }
+                        ),
+                    },
+                    _ => Effect::Unconfirmed,
+                });
+                self.run(&mut state, replica, next);
             }
             Action::WriteUnanswered(replica) => {
-                Self::unanswered(&mut state.replicas[usize::from(replica)]);
+                let in_flight = state.call(replica);
+                (in_flight.resent, in_flight.lost_try) = (true, true);
                 state.last = Some(Effect::Unanswered);
             }
             Action::Write(replica) | Action::WriteAckLost(replica) => {
-                let Step::Writing {
-                    expected,
-                    from_cache,
-                    unanswered,
-                    ..
-                } = state.replicas[usize::from(replica)].step
-                else {
-                    unreachable!("only a writing replica writes")
-                };
-                let guarded = match self.mutation {
-                    Mutation::CasOff => false,
-                    Mutation::TrustCache => !from_cache,
-                    Mutation::None
-                    | Mutation::SkipConfirmation
-                    | Mutation::OwnWriteOnlyIfLatest => true,
-                };
-                if guarded && expected != state.latest() {
-                    // Before `nats/landed.rs`, a conflict after an unanswered
-                    // try was taken as any conflict.
-                    if unanswered && self.mutation != Mutation::OwnWriteOnlyIfLatest {
-                        self.landed(&mut state, replica, expected);
-                    } else {
-                        state.last = Some(Effect::Conflict { from_cache });
-                        Self::retry(&mut state, replica);
-                    }
-                } else {
-                    // (A first try, or the retry of one that went
-                    // unanswered without landing, `Action::WriteUnanswered`.)
-                    let acked = action == Action::Write(replica);
-                    self.commit(&mut state, replica, acked);
-                }
+                self.write(&mut state, replica, action == Action::Write(replica));
             }
         }
         Some(state)
@@ -972,6 +936,59 @@ impl Model for NatsPath {
             ]);
         }
         properties
+    }
+}
+
+impl NatsPath {
+    /// The replica's write try: compare-and-set (or a plain put under a
+    /// mutation); `acked`: its answer arrives.
+    fn write(&self, state: &mut NatsState, replica: u8, acked: bool) {
+        let latest = state.latest();
+        let in_flight = state.call(replica);
+        let Request::Write { expected } = in_flight.request else {
+            unreachable!("only a writing replica writes")
+        };
+        let expected = small(expected);
+        let guarded = match self.mutation {
+            Mutation::CasOff => false,
+            Mutation::TrustCache => !in_flight.from_cache,
+            Mutation::None => true,
+        };
+        if guarded && expected != latest {
+            let from_cache = in_flight.from_cache;
+            let written = if in_flight.resent {
+                Written::ConflictAfterUnanswered
+            } else {
+                state.last = Some(Effect::Conflict { from_cache });
+                Written::Conflict
+            };
+            let next = state.call(replica).attempts.written(written);
+            self.run(state, replica, next);
+            return;
+        }
+        self.commit(state, replica, expected);
+        let revision = state.latest();
+        let in_flight = state.call(replica);
+        if !acked {
+            // `Inner::write` sends the same write again, which will meet a
+            // conflict: its own write, or later ones.
+            (in_flight.resent, in_flight.lost_try) = (true, true);
+            state.last = Some(Effect::AckLost);
+            return;
+        }
+        let effect = if in_flight.rewrite {
+            Effect::Rewritten
+        } else {
+            Effect::Wrote {
+                from_cache: in_flight.from_cache,
+                retried: in_flight.decisions > 1,
+            }
+        };
+        let next = in_flight
+            .attempts
+            .written(Written::At(KvRevision::at(u64::from(revision))));
+        state.last = Some(effect);
+        self.run(state, replica, next);
     }
 }
 
