@@ -40,6 +40,8 @@
 //!   `nats/attempts.rs` a call's attempts as a pure machine (the whole
 //!   per-call policy: what to ask the store next, when an answer stands),
 //!   `nats/call.rs` the decisions and the loop that drives the machine,
+//!   `nats/store.rs` the bucket requests a call makes behind one interface
+//!   (async-nats, or a wrapper that injects a fault),
 //!   `nats/requests.rs` the store requests each makes (read,
 //!   compare-and-set write, purge, quorum point), `nats/setup.rs` the
 //!   connection and bucket, `nats/entry.rs` the stored form,

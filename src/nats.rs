@@ -13,7 +13,7 @@
 //! retry; nothing is written twice. An answer that writes nothing (a replay,
 //! a call that changes nothing, a refusal) stands only once a quorum point
 //! shows its entry still the key's latest (`Inner::confirmed`), or once
-//! its entry is written back unchanged (`Inner::rewrite`). The entry
+//! its entry is written back unchanged (`attempts`). The entry
 //! carries the new state and the transition's events (`entry`), so the reply
 //! is sent only once both are durable in the bucket.
 //!
@@ -24,11 +24,13 @@
 //! inside the same compare-and-set path, so even two expirers at once could
 //! not expire a session twice.
 //!
-//! Where: this file assembles a replica and serves the calls; `call` runs a
-//! call's attempts, `requests` the store requests each makes (through
-//! `failure::Patience`), and `timings` holds every retry count, pause,
-//! timeout and bound. See `docs/cluster.md` for the consistency each call
-//! gets and what each failure does.
+//! Where: this file assembles a replica and serves the calls; `attempts`
+//! is a call's policy as a pure machine, `call` the decisions and the loop
+//! that drives the machine, `requests` the store requests each attempt
+//! makes (through `failure::Patience`), `store` the bucket behind them, and
+//! `timings` holds every retry count, pause, timeout and bound. See
+//! `docs/cluster.md` for the consistency each call gets and what each
+//! failure does.
 
 pub mod attempts;
 mod cache;
@@ -47,6 +49,7 @@ mod observed;
 mod quorum;
 mod requests;
 mod setup;
+mod store;
 pub(crate) mod timings;
 mod turnover;
 mod watch;
@@ -58,7 +61,7 @@ use std::{
     time::Duration,
 };
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::kv;
 use tokio_util::sync::CancellationToken;
 
 use self::{
@@ -69,6 +72,7 @@ use self::{
     observed::NatsStats,
     quorum::QuorumPoints,
     requests::quorum_points,
+    store::{NatsStore, Store, UnguardedWrites},
     turnover::Turnover,
 };
 use crate::{
@@ -94,9 +98,10 @@ pub struct NatsCoordinator {
 }
 
 struct Inner {
-    /// The authority: the bucket, and its stream (read by sequence).
+    /// The authority: the requests a call makes of the bucket (`store`).
+    store: Arc<dyn Store>,
+    /// The bucket itself, for the expirer's lease and a watch's history.
     kv: kv::Store,
-    stream: jetstream::stream::Stream,
     /// Calls on one session within this replica, one at a time.
     locks: KeyedLocks,
     /// The entries this replica wrote last (one round trip a call).
@@ -113,17 +118,6 @@ struct Inner {
     observed: Arc<NatsStats>,
     /// Names this replica in the expirer lease.
     replica: String,
-    /// Test seam: the next read of a key returns this older revision, as a
-    /// deposed stream leader would (`call_tests`).
-    #[cfg(test)]
-    stale_reads: std::sync::Mutex<std::collections::HashMap<String, u64>>,
-    /// Test seam: the next write of a key lands, but its answer is lost
-    /// while something else happens (`landed::tests`).
-    #[cfg(test)]
-    lost_answers: std::sync::Mutex<std::collections::HashMap<String, landed::Meanwhile>>,
-    /// Test seam: what the next watch awaits between its steps (`watch`).
-    #[cfg(test)]
-    watch_step: std::sync::Mutex<Option<landed::Meanwhile>>,
 }
 
 /// What a call is decided and waited by.
@@ -189,6 +183,22 @@ impl NatsCoordinator {
     /// Connects, creates the bucket if it does not exist, loads the mirror
     /// and starts following the bucket.
     pub async fn connect(settings: &NatsSettings, config: CoordConfig) -> Result<Self, NatsError> {
+        Self::connect_with(settings, config, |store| {
+            if crate::shared::faults::unguarded_writes() {
+                return Arc::new(UnguardedWrites(store));
+            }
+            Arc::new(store)
+        })
+        .await
+    }
+
+    /// [`NatsCoordinator::connect`], its calls' requests made through the
+    /// store `wrap` makes of the bucket's.
+    async fn connect_with(
+        settings: &NatsSettings,
+        config: CoordConfig,
+        wrap: impl FnOnce(NatsStore) -> Arc<dyn Store>,
+    ) -> Result<Self, NatsError> {
         let observed = Arc::new(NatsStats::default());
         let turnover = Turnover::new();
         let opened = setup::open_bucket(settings, &observed, &turnover).await?;
@@ -230,12 +240,15 @@ impl NatsCoordinator {
             nudge: Arc::clone(&nudge),
         };
         tokio::spawn(following.run(follower.clone()));
-        let patience = settings.patience;
-        let quorum_points = quorum_points(&kv, &observed, &turnover, patience);
+        let store = wrap(NatsStore {
+            kv: kv.clone(),
+            stream: stream.clone(),
+        });
+        let quorum_points = quorum_points(&store, &observed, &turnover, settings.patience);
         Ok(Self {
             inner: Arc::new(Inner {
+                store,
                 kv,
-                stream,
                 locks: KeyedLocks::new(config.shards),
                 cache: EntryCache::new(config.shards, timings::ENTRY_CACHE_CAPACITY),
                 rules: Rules::new(config, settings.patience),
@@ -253,12 +266,6 @@ impl NatsCoordinator {
                     "{:016x}",
                     Clock::unix_nanos() as u64 ^ u64::from(std::process::id())
                 ),
-                #[cfg(test)]
-                stale_reads: std::sync::Mutex::default(),
-                #[cfg(test)]
-                lost_answers: std::sync::Mutex::default(),
-                #[cfg(test)]
-                watch_step: std::sync::Mutex::default(),
             }),
         })
     }

@@ -3,9 +3,12 @@
 //! a stored entry it cannot read, and with a read a deposed stream leader
 //! served (stale). Needs NATS as `watch_tests` does.
 
-use std::sync::PoisonError;
-
-use super::{entry, watch_tests::coordinator, watch_tests::nats_available, NatsCoordinator};
+use super::{
+    entry,
+    store::{scripted::Scripted, NatsStore, Stored},
+    watch_tests::{coordinator, fresh_bucket, require_nats, scripted_on},
+    NatsCoordinator,
+};
 use crate::{
     error::CoordError,
     ids::SessionId,
@@ -16,13 +19,22 @@ use crate::{
 /// Makes the coordinator's next read of `id` return the entry as it was at
 /// KV revision `revision` and forget what it wrote, as if a partition had
 /// deposed the stream leader that serves its reads.
-fn serve_stale_read(c: &NatsCoordinator, id: &SessionId, revision: u64) {
+async fn serve_stale_read(
+    c: &NatsCoordinator,
+    script: &Scripted<NatsStore>,
+    id: &SessionId,
+    revision: u64,
+) {
     c.inner.cache.take(id);
-    c.inner
-        .stale_reads
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .insert(entry::key(id), revision);
+    let key = entry::key(id);
+    let stale = c
+        .inner
+        .kv
+        .entry_for_revision(&key, revision)
+        .await
+        .unwrap()
+        .expect("the revision is still held");
+    script.serve_stale_read(&key, Stored::from(stale));
 }
 
 async fn kv_revision(c: &NatsCoordinator, id: &SessionId) -> u64 {
@@ -37,10 +49,8 @@ async fn kv_revision(c: &NatsCoordinator, id: &SessionId) -> u64 {
 
 #[tokio::test]
 async fn an_answer_that_writes_nothing_is_not_given_from_a_stale_read() {
-    if !nats_available().await {
-        return;
-    }
-    let c = coordinator(8, CoordConfig::default()).await;
+    require_nats().await;
+    let (c, script) = scripted_on(&fresh_bucket(), 8, CoordConfig::default()).await;
     let id = SessionId::parse("stale-read").unwrap();
     let first = c.start(&id, Source::Client, None).await.unwrap();
     let before_second = kv_revision(&c, &id).await;
@@ -49,11 +59,12 @@ async fn an_answer_that_writes_nothing_is_not_given_from_a_stale_read() {
 
     // Read stale (first live), Finish(second) would be a no-op answered
     // applied=false: a gateway would stop a response that is still live.
-    serve_stale_read(&c, &id, before_second);
+    serve_stale_read(&c, &script, &id, before_second).await;
     let finished = c
         .finish(&id, Some(second.response), FinishStatus::Completed)
         .await
         .unwrap();
+    assert!(script.played(), "the stale read was served");
     assert!(
         finished.result,
         "decided on the acknowledged state, not the stale read"
@@ -62,11 +73,12 @@ async fn an_answer_that_writes_nothing_is_not_given_from_a_stale_read() {
     // A stale read that would write (cancel the first response, live in it)
     // is refused by compare-and-set and decided again on the latest state,
     // where nothing is live.
-    serve_stale_read(&c, &id, before_second);
+    serve_stale_read(&c, &script, &id, before_second).await;
     let cancelled = c
         .cancel(&id, Some(first.response), Source::Client)
         .await
         .unwrap();
+    assert!(script.played(), "the stale read was served");
     assert_eq!(cancelled.result, None);
     let state = c.state(&id).await.unwrap();
     assert_eq!(state.phase, Phase::Idle);
@@ -75,9 +87,7 @@ async fn an_answer_that_writes_nothing_is_not_given_from_a_stale_read() {
 
 #[tokio::test]
 async fn an_unreadable_entry_is_data_loss_naming_the_session_and_is_left_alone() {
-    if !nats_available().await {
-        return;
-    }
+    require_nats().await;
     let c = coordinator(8, CoordConfig::default()).await;
     let id = SessionId::parse("damaged").unwrap();
     let key = entry::key(&id);

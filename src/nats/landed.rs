@@ -16,7 +16,6 @@
 //! held ([`Inner::still_held`]), nothing between it and its successor was
 //! dropped, and the successor tells for certain whether the write landed.
 
-use async_nats::jetstream::stream::RawMessageErrorKind;
 use bytes::Bytes;
 
 use super::{
@@ -41,31 +40,22 @@ impl Inner {
         value: &Bytes,
         patience: &mut Patience,
     ) -> Result<Successor, CoordError> {
-        let subject = format!("{}{key}", self.kv.prefix);
-        let (sequence, payload) = patience
+        let (revision, payload) = patience
             .retry(&self.observed, StoreOp::Read, || async {
-                match self
-                    .stream
-                    .raw_message_builder()
-                    .sequence(expected.get() + 1)
-                    .next_by_subject(subject.clone())
-                    .send()
-                    .await
-                {
-                    Ok(message) => Ok((message.sequence, message.payload)),
-                    Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => {
-                        Err(StoreFailure::Transient(
+                self.store
+                    .message_after(key, expected)
+                    .await?
+                    .ok_or_else(|| {
+                        StoreFailure::Transient(
                             RetryReason::NotReady,
                             "the key moved, but the stream read holds no later message".into(),
-                        ))
-                    }
-                    Err(error) => Err(StoreFailure::of(&error)),
-                }
+                        )
+                    })
             })
             .await
             .map_err(StoreFailure::into_error)?;
         Ok(Successor {
-            revision: KvRevision::at(sequence),
+            revision,
             ours: payload == *value,
         })
     }
@@ -77,52 +67,12 @@ impl Inner {
         revision: KvRevision,
         patience: &mut Patience,
     ) -> Result<bool, CoordError> {
-        let subject = format!("{}{key}", self.kv.prefix);
         patience
-            .retry(&self.observed, StoreOp::Read, || async {
-                match self.stream.get_raw_message(revision.get()).await {
-                    Ok(message) => Ok(message.subject.as_str() == subject),
-                    Err(error) if error.kind() == RawMessageErrorKind::NoMessageFound => Ok(false),
-                    Err(error) => Err(StoreFailure::of(&error)),
-                }
+            .retry(&self.observed, StoreOp::Read, || {
+                self.store.holds(key, revision)
             })
             .await
             .map_err(StoreFailure::into_error)
-    }
-}
-
-/// What the test seam runs between a write landing and its lost answer.
-#[cfg(test)]
-pub(super) type Meanwhile =
-    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send>;
-
-#[cfg(test)]
-impl Inner {
-    pub(super) fn take_lost_answer(&self, key: &str) -> Option<Meanwhile> {
-        self.lost_answers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(key)
-    }
-
-    /// The write lands; then `meanwhile` runs; then the answer is lost, as a
-    /// timeout during a leader move loses it.
-    pub(super) async fn land_and_lose_the_answer(
-        &self,
-        key: &str,
-        value: &Bytes,
-        expected: KvRevision,
-        meanwhile: Meanwhile,
-    ) -> Result<u64, StoreFailure> {
-        self.kv
-            .update(key, value.clone(), expected.get())
-            .await
-            .map_err(|error| StoreFailure::of(&error))?;
-        meanwhile().await;
-        Err(StoreFailure::Transient(
-            RetryReason::Timeout,
-            "test: the write landed and its answer was lost".into(),
-        ))
     }
 }
 
@@ -132,19 +82,9 @@ mod tests {
 
     use super::super::{
         entry,
-        watch_tests::{coordinator_on, fresh_bucket, nats_available},
+        watch_tests::{coordinator_on, fresh_bucket, require_nats, scripted_on},
     };
-    use super::*;
     use crate::{ids::SessionId, machine::Source, registry::CoordConfig};
-
-    fn lose_next_answer(c: &super::super::NatsCoordinator, id: &SessionId, meanwhile: Meanwhile) {
-        c.inner.cache.take(id);
-        c.inner
-            .lost_answers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(entry::key(id), meanwhile);
-    }
 
     /// The counterexample the NATS-path model found: a Cancel lands and its
     /// answer is lost; another replica starts a response before the retry;
@@ -152,11 +92,9 @@ mod tests {
     /// new response too.
     #[tokio::test]
     async fn a_write_whose_answer_was_lost_is_not_applied_again_after_another_write() {
-        if !nats_available().await {
-            return;
-        }
+        require_nats().await;
         let bucket = fresh_bucket();
-        let a = coordinator_on(&bucket, 16, CoordConfig::default()).await;
+        let (a, script) = scripted_on(&bucket, 16, CoordConfig::default()).await;
         let b = Arc::new(coordinator_on(&bucket, 16, CoordConfig::default()).await);
         let id = SessionId::parse("lost-answer").unwrap();
         let first = a.start(&id, Source::Client, None).await.unwrap();
@@ -164,24 +102,18 @@ mod tests {
         let started_meanwhile = Arc::new(std::sync::Mutex::new(None));
         let record = Arc::clone(&started_meanwhile);
         let meanwhile_id = id.clone();
-        lose_next_answer(
-            &a,
-            &id,
-            Box::new(move || {
-                Box::pin(async move {
-                    let started = other
-                        .start(&meanwhile_id, Source::Vad, None)
-                        .await
-                        .expect("the other replica starts a response");
-                    *record.lock().unwrap_or_else(PoisonError::into_inner) = Some(started);
-                })
+        script.lose_next_answer(
+            &entry::key(&id),
+            Box::pin(async move {
+                let started = other
+                    .start(&meanwhile_id, Source::Vad, None)
+                    .await
+                    .expect("the other replica starts a response");
+                *record.lock().unwrap_or_else(PoisonError::into_inner) = Some(started);
             }),
         );
         let cancelled = a.cancel(&id, None, Source::Client).await.unwrap();
-        assert!(
-            a.inner.take_lost_answer(&entry::key(&id)).is_none(),
-            "the seam ran"
-        );
+        assert!(script.played(), "the answer was lost");
         let second = started_meanwhile
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

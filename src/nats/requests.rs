@@ -6,8 +6,6 @@
 
 use std::{sync::Arc, time::Duration};
 
-use async_nats::jetstream::kv::{self, Operation};
-
 use super::{
     attempts::Written,
     call::Read,
@@ -16,6 +14,7 @@ use super::{
     failure::{Patience, StoreFailure},
     observed::{NatsStats, StoreOp},
     quorum::QuorumPoints,
+    store::Store,
     timings,
     turnover::Turnover,
     unavailable, Inner,
@@ -30,23 +29,26 @@ const QUORUM_POINT_KEY: &str = "quorum.point";
 /// Quorum points (`Inner::quorum_point`) written to `kv`, each with
 /// `patience` for transient store failures.
 pub(super) fn quorum_points(
-    kv: &kv::Store,
+    store: &Arc<dyn Store>,
     observed: &Arc<NatsStats>,
     turnover: &Arc<Turnover>,
     patience: Duration,
 ) -> Arc<QuorumPoints> {
-    let (kv, observed, turnover) = (kv.clone(), Arc::clone(observed), Arc::clone(turnover));
+    let (store, observed, turnover) = (
+        Arc::clone(store),
+        Arc::clone(observed),
+        Arc::clone(turnover),
+    );
     QuorumPoints::new(Arc::new(move || {
-        let (kv, observed) = (kv.clone(), Arc::clone(&observed));
+        let (store, observed) = (Arc::clone(&store), Arc::clone(&observed));
         let turnovers = turnover.subscribe();
         Box::pin(async move {
             Patience::new(patience, turnovers)
-                .retry(&observed, StoreOp::QuorumPoint, || async {
-                    kv.put(QUORUM_POINT_KEY, bytes::Bytes::new())
-                        .await
-                        .map_err(|error| StoreFailure::of(&error))
+                .retry(&observed, StoreOp::QuorumPoint, || {
+                    store.put(QUORUM_POINT_KEY, bytes::Bytes::new())
                 })
                 .await
+                .map(KvRevision::get)
                 .map_err(|failure| failure.into_error().to_string())
         })
     }))
@@ -61,22 +63,8 @@ impl Inner {
         key: &str,
         patience: &mut Patience,
     ) -> Result<Read, CoordError> {
-        #[cfg(test)]
-        let stale = self
-            .stale_reads
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(key);
-        #[cfg(not(test))]
-        let stale = None;
         let stored = patience
-            .retry(&self.observed, StoreOp::Read, || async {
-                match stale {
-                    Some(revision) => self.kv.entry_for_revision(key, revision).await,
-                    None => self.kv.entry(key).await,
-                }
-                .map_err(|error| StoreFailure::of(&error))
-            })
+            .retry(&self.observed, StoreOp::Read, || self.store.entry(key))
             .await
             .map_err(StoreFailure::into_error)?;
         let Some(stored) = stored else {
@@ -84,18 +72,18 @@ impl Inner {
                 revision: KvRevision::NONE,
             });
         };
-        let stamp = clock::stamp_millis(stored.created.unix_timestamp_nanos());
+        let stamp = clock::stamp_millis(stored.created_nanos);
         self.view.clock.observe(stamp);
-        if stored.operation != Operation::Put {
+        if !stored.put {
             return Ok(Read::Absent {
-                revision: KvRevision::at(stored.revision),
+                revision: stored.revision,
             });
         }
         match entry::decode(&stored.value) {
             Ok(mut entry) => {
                 entry.persisted.since = clock::last_activity(entry.persisted.since, stamp);
                 Ok(Read::Live {
-                    revision: KvRevision::at(stored.revision),
+                    revision: stored.revision,
                     entry,
                 })
             }
@@ -177,34 +165,15 @@ impl Inner {
         expected: KvRevision,
         patience: &mut Patience,
     ) -> Result<Written, CoordError> {
-        if crate::shared::faults::unguarded_writes() {
-            return self
-                .kv
-                .put(key, value.clone())
-                .await
-                .map(|revision| Written::At(KvRevision::at(revision)))
-                .map_err(unavailable);
-        }
         let mut tries = 0_u32;
         let written = patience
             .retry(&self.observed, StoreOp::Write, || {
                 tries += 1;
-                async {
-                    #[cfg(test)]
-                    if let Some(meanwhile) = self.take_lost_answer(key) {
-                        return self
-                            .land_and_lose_the_answer(key, value, expected, meanwhile)
-                            .await;
-                    }
-                    self.kv
-                        .update(key, value.clone(), expected.get())
-                        .await
-                        .map_err(|error| StoreFailure::of(&error))
-                }
+                self.store.update(key, value.clone(), expected)
             })
             .await;
         match written {
-            Ok(revision) => Ok(Written::At(KvRevision::at(revision))),
+            Ok(revision) => Ok(Written::At(revision)),
             Err(StoreFailure::Conflict) if tries > 1 => Ok(Written::ConflictAfterUnanswered),
             Err(StoreFailure::Conflict) => Ok(Written::Conflict),
             Err(failure) => Err(failure.into_error()),
@@ -220,11 +189,8 @@ impl Inner {
         patience: &mut Patience,
     ) -> Result<bool, CoordError> {
         let purged = patience
-            .retry(&self.observed, StoreOp::Purge, || async {
-                self.kv
-                    .purge_expect_revision(key, Some(expected.get()))
-                    .await
-                    .map_err(|error| StoreFailure::of(&error))
+            .retry(&self.observed, StoreOp::Purge, || {
+                self.store.purge(key, expected)
             })
             .await;
         match purged {

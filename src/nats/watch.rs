@@ -7,7 +7,7 @@ use std::{collections::VecDeque, sync::Arc};
 use async_nats::jetstream::kv::Operation;
 use tokio_stream::StreamExt as _;
 
-use super::{call::Read, entry, unavailable, Inner, NatsCoordinator};
+use super::{call::Read, entry, failure::StoreFailure, unavailable, Inner, NatsCoordinator};
 use crate::{
     error::CoordError,
     events::{Scope, SharedEvent, Subscription},
@@ -43,8 +43,6 @@ impl NatsCoordinator {
             ),
             Read::Absent { .. } => (0, false),
         };
-        #[cfg(test)]
-        self.inner.between_watch_steps().await;
         // Fetched after the read, so it may hold revisions above `current`
         // that also arrive live: the subscription skips live events through
         // the backlog's last revision, not through `current`.
@@ -76,12 +74,15 @@ impl NatsCoordinator {
         let from = match after_seq {
             Some(after) => after,
             None => {
-                let info = self.inner.stream.get_info().await.map_err(unavailable)?;
-                entry::last_seq_of_write(info.state.last_sequence)
+                let last = self
+                    .inner
+                    .store
+                    .last_sequence()
+                    .await
+                    .map_err(StoreFailure::into_error)?;
+                entry::last_seq_of_write(last)
             }
         };
-        #[cfg(test)]
-        self.inner.between_watch_steps().await;
         // The mirror's backlog and live stream are taken under the event
         // log's lock, so this handover cannot repeat an event (and it uses
         // the same rule as every other watch, `Scope::after_backlog`).
@@ -155,55 +156,6 @@ impl Inner {
                 oldest_available: oldest - 1,
             }),
             _ => Ok(events.into()),
-        }
-    }
-}
-
-/// Test seam: a watch's setup awaits, between its steps, what a test put
-/// there (writes that land between the read and the history fetch, or
-/// between the bucket's last sequence and the mirror subscription; the
-/// tests in `nats/watch_tests.rs` prove each comes once).
-#[cfg(test)]
-impl NatsCoordinator {
-    pub(super) async fn watch_session_stepwise(
-        &self,
-        id: &SessionId,
-        after_revision: Option<u64>,
-        between: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> Result<Subscription, CoordError> {
-        self.inner.set_watch_step(between);
-        self.watch_session(id, after_revision).await
-    }
-
-    pub(super) async fn watch_all_stepwise(
-        &self,
-        scope: &SessionScope,
-        after_seq: Option<u64>,
-        between: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> Result<Subscription, CoordError> {
-        self.inner.set_watch_step(between);
-        self.watch_all(scope, after_seq).await
-    }
-}
-
-#[cfg(test)]
-impl Inner {
-    fn set_watch_step(&self, between: impl std::future::Future<Output = ()> + Send + 'static) {
-        *self
-            .watch_step
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some(Box::new(move || Box::pin(between)));
-    }
-
-    async fn between_watch_steps(&self) {
-        let step = self
-            .watch_step
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let Some(step) = step {
-            step().await;
         }
     }
 }

@@ -1,16 +1,20 @@
 //! The NATS backend's watch handovers, with writes injected between the
-//! steps of a watch's setup (the `*_stepwise` seams), so each interleaving
-//! is run on purpose instead of hoped for under load: whatever lands there,
-//! the watch delivers every event exactly once, in order.
+//! steps of a watch's setup (a scripted store answers the watch's first
+//! read only after them, `store/scripted.rs`), so each interleaving is run
+//! on purpose instead of hoped for under load: whatever lands there, the
+//! watch delivers every event exactly once, in order.
 //!
 //! Needs NATS 2.10+ with JetStream: `RESPCOORD_TEST_NATS_URL` (scripts/test.sh
-//! starts a pinned nats-server and sets it). Without that variable and
-//! without a server on 127.0.0.1:4222 these tests say so and pass vacuously,
-//! as tests/replicas.rs does; the test command never skips them.
+//! starts a pinned nats-server and sets it), or a server on
+//! 127.0.0.1:4222. Without either these tests fail, saying so
+//! (`require_nats`): a test that passes without running proves nothing.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use super::{NatsCoordinator, NatsSettings};
+use super::{
+    store::{scripted::Scripted, NatsStore},
+    NatsCoordinator, NatsSettings,
+};
 use crate::{
     error::CoordError,
     events::{Delivery, SharedEvent, Subscription},
@@ -23,18 +27,20 @@ use crate::{
 /// these tests never fail on speed, only on absence.
 const PATIENCE: Duration = Duration::from_secs(20);
 
-/// Whether NATS is there to test against (see the module docs).
-pub(super) async fn nats_available() -> bool {
+/// Fails the test, saying how to fix it, unless NATS is there to test
+/// against (see the module docs).
+pub(super) async fn require_nats() {
     if std::env::var_os("RESPCOORD_TEST_NATS_URL").is_some() {
-        return true;
+        return;
     }
     let reachable = tokio::net::TcpStream::connect("127.0.0.1:4222")
         .await
         .is_ok();
-    if !reachable {
-        eprintln!("no NATS on 127.0.0.1:4222 and RESPCOORD_TEST_NATS_URL unset: skipped");
-    }
-    reachable
+    assert!(
+        reachable,
+        "this test needs NATS: run ./scripts/test.sh, or start one with \
+         `export RESPCOORD_TEST_NATS_URL=$(./scripts/nats.sh)`"
+    );
 }
 
 /// A replica on a bucket no other test (or earlier run) uses, keeping
@@ -64,11 +70,34 @@ pub(super) async fn coordinator_on(
     history: u8,
     config: CoordConfig,
 ) -> NatsCoordinator {
-    let bucket = bucket.to_owned();
-    let settings = NatsSettings {
+    NatsCoordinator::connect(&settings(bucket, history), config)
+        .await
+        .unwrap_or_else(|e| panic!("NATS backend for tests: {e}"))
+}
+
+/// A replica on `bucket` whose calls' requests go through a store the test
+/// scripts.
+pub(super) async fn scripted_on(
+    bucket: &str,
+    history: u8,
+    config: CoordConfig,
+) -> (NatsCoordinator, Arc<Scripted<NatsStore>>) {
+    let mut script = None;
+    let coordinator = NatsCoordinator::connect_with(&settings(bucket, history), config, |store| {
+        let scripted = Arc::new(Scripted::new(store));
+        script = Some(Arc::clone(&scripted));
+        scripted
+    })
+    .await
+    .unwrap_or_else(|e| panic!("NATS backend for tests: {e}"));
+    (coordinator, script.expect("the store was made"))
+}
+
+fn settings(bucket: &str, history: u8) -> NatsSettings {
+    NatsSettings {
         url: std::env::var("RESPCOORD_TEST_NATS_URL")
             .unwrap_or_else(|_| "nats://127.0.0.1:4222".into()),
-        bucket,
+        bucket: bucket.to_owned(),
         replicas: 1,
         history,
         request_timeout: Duration::from_secs(5),
@@ -76,10 +105,23 @@ pub(super) async fn coordinator_on(
         // Test buckets empty themselves; the server is shared with later runs.
         max_age: Duration::from_secs(15 * 60),
         ..NatsSettings::default()
-    };
-    NatsCoordinator::connect(&settings, config)
-        .await
-        .unwrap_or_else(|e| panic!("NATS backend for tests: {e}"))
+    }
+}
+
+/// Opens a watch of `id` whose first read of the bucket is answered only
+/// after `writes` ran: writes that land between the watch's read and its
+/// history fetch.
+async fn watch_after_writes(
+    c: &NatsCoordinator,
+    script: &Scripted<NatsStore>,
+    id: &SessionId,
+    after_revision: Option<u64>,
+    writes: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Subscription {
+    script.after_next_read(Box::pin(writes));
+    let watch = c.watch_session(id, after_revision).await.unwrap();
+    assert!(script.played(), "the writes ran between the watch's steps");
+    watch
 }
 
 fn sid(raw: &str) -> SessionId {
@@ -128,20 +170,16 @@ fn seqs(events: &[SharedEvent]) -> Vec<u64> {
 /// are both in the backlog and on the live stream. Each comes once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_between_the_entry_read_and_the_history_fetch_come_once() {
-    if !nats_available().await {
-        return;
-    }
-    let c = coordinator(16, CoordConfig::default()).await;
+    require_nats().await;
+    let (c, script) = scripted_on(&fresh_bucket(), 16, CoordConfig::default()).await;
     start(&c, "s").await; // revision 1
     let writer = c.clone();
-    let mut watch = c
-        .watch_session_stepwise(&sid("s"), Some(0), async move {
-            for _ in 0..3 {
-                start(&writer, "s").await; // 3 superseding events each: 2..=10
-            }
-        })
-        .await
-        .unwrap();
+    let mut watch = watch_after_writes(&c, &script, &sid("s"), Some(0), async move {
+        for _ in 0..3 {
+            start(&writer, "s").await; // 3 superseding events each: 2..=10
+        }
+    })
+    .await;
     // After the watch opened: live only (11, 12, 13), then it ends.
     c.shutdown(&sid("s")).await.unwrap();
     let events = read_until(&mut watch, |_| false).await;
@@ -153,27 +191,21 @@ async fn writes_between_the_entry_read_and_the_history_fetch_come_once() {
 /// watch (after_revision unset), which must not replay what it skipped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resumed_and_live_only_watches_with_writes_between_their_steps_come_once() {
-    if !nats_available().await {
-        return;
-    }
-    let c = coordinator(16, CoordConfig::default()).await;
+    require_nats().await;
+    let (c, script) = scripted_on(&fresh_bucket(), 16, CoordConfig::default()).await;
     for _ in 0..3 {
         start(&c, "s").await; // 1..=7
     }
     let writer = c.clone();
-    let mut resumed = c
-        .watch_session_stepwise(&sid("s"), Some(4), async move {
-            start(&writer, "s").await; // 8..=10
-        })
-        .await
-        .unwrap();
+    let mut resumed = watch_after_writes(&c, &script, &sid("s"), Some(4), async move {
+        start(&writer, "s").await; // 8..=10
+    })
+    .await;
     let writer = c.clone();
-    let mut live = c
-        .watch_session_stepwise(&sid("s"), None, async move {
-            start(&writer, "s").await; // 11..=13
-        })
-        .await
-        .unwrap();
+    let mut live = watch_after_writes(&c, &script, &sid("s"), None, async move {
+        start(&writer, "s").await; // 11..=13
+    })
+    .await;
     c.shutdown(&sid("s")).await.unwrap(); // 14..=16
     let events = read_until(&mut resumed, |_| false).await;
     assert_eq!(revisions(&events), (5..=16).collect::<Vec<_>>());
@@ -189,29 +221,24 @@ async fn resumed_and_live_only_watches_with_writes_between_their_steps_come_once
 /// watch that was open all along.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_all_with_writes_between_its_steps_delivers_each_event_once() {
-    if !nats_available().await {
-        return;
-    }
-    let c = coordinator(16, CoordConfig::default()).await;
+    require_nats().await;
+    let (c, script) = scripted_on(&fresh_bucket(), 16, CoordConfig::default()).await;
     let all = SessionScope::All;
     let mut reference = c.watch_all(&all, None).await.unwrap();
     start(&c, "a").await; // acknowledged before the watches open: excluded
     let first = read_until(&mut reference, |e| !e.is_empty()).await;
     let writer = c.clone();
-    let mut from_now = c
-        .watch_all_stepwise(&all, None, async move {
-            start(&writer, "a").await;
-            start(&writer, "b").await;
-        })
-        .await
-        .unwrap();
-    let writer = c.clone();
-    let mut after_seq = c
-        .watch_all_stepwise(&all, Some(first[0].seq), async move {
-            start(&writer, "c").await;
-        })
-        .await
-        .unwrap();
+    script.after_next_read(Box::pin(async move {
+        start(&writer, "a").await;
+        start(&writer, "b").await;
+    }));
+    let mut from_now = c.watch_all(&all, None).await.unwrap();
+    assert!(script.played(), "the writes ran between the watch's steps");
+    // With an explicit after_seq the watch reads nothing before it
+    // subscribes to the mirror: writes just before the call are the writes
+    // between its steps.
+    start(&c, "c").await;
+    let mut after_seq = c.watch_all(&all, Some(first[0].seq)).await.unwrap();
     for s in ["a", "b", "c"] {
         c.shutdown(&sid(s)).await.unwrap();
     }
@@ -231,9 +258,7 @@ async fn watch_all_with_writes_between_its_steps_delivers_each_event_once() {
 /// the earliest resume point, never an empty backlog that skips them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_history_of_only_touches_is_out_of_range_not_a_silent_gap() {
-    if !nats_available().await {
-        return;
-    }
+    require_nats().await;
     // An 8 ms idle TTL writes a touch for a call 1 ms after the last one
     // (nothing expires: no expirer runs here). Two entries per key.
     let config = CoordConfig {
