@@ -72,7 +72,7 @@ use self::{
     observed::NatsStats,
     quorum::QuorumPoints,
     requests::quorum_points,
-    store::{NatsStore, Store, UnguardedWrites},
+    store::{Faulty, NatsStore, Store},
     turnover::Turnover,
 };
 use crate::{
@@ -184,8 +184,13 @@ impl NatsCoordinator {
     /// and starts following the bucket.
     pub async fn connect(settings: &NatsSettings, config: CoordConfig) -> Result<Self, NatsError> {
         Self::connect_with(settings, config, |store| {
-            if crate::shared::faults::unguarded_writes() {
-                return Arc::new(UnguardedWrites(store));
+            use crate::shared::faults;
+            if faults::unguarded_writes() || faults::unconfirmed_reads() {
+                return Arc::new(Faulty {
+                    store,
+                    unguarded_writes: faults::unguarded_writes(),
+                    unconfirmed_reads: faults::unconfirmed_reads(),
+                });
             }
             Arc::new(store)
         })

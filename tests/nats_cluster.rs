@@ -419,7 +419,7 @@ async fn watch_mirrors(
 /// key's entry whose revision does not rise above the key's previous entry.
 /// The one write that keeps the revision is an entry written back
 /// unchanged, with no events, to confirm an answer that changed nothing
-/// (`Inner::rewrite`; a touch is the same shape): its revision equals the
+/// (`nats/attempts.rs`, `CallAttempts::decided`; a touch is the same shape): its revision equals the
 /// previous entry's. A write decided on an older entry stores a revision
 /// below the previous one, or equal to it with events.
 fn lost_updates(stored: &[Stored]) -> Vec<String> {

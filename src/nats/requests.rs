@@ -106,11 +106,6 @@ impl Inner {
     /// it misses (a read that found no stream leader is tried again at the
     /// next nudge, not left to the follower's stall check).
     pub(super) async fn quorum_point(&self, patience: Duration) -> Result<u64, CoordError> {
-        if crate::shared::faults::unconfirmed_reads() {
-            // The fault build's broken variant: whatever the mirror holds
-            // stands (`shared::faults::unconfirmed_reads`).
-            return Ok(0);
-        }
         let point = self.view.quorum_points.point().await.map_err(unavailable)?;
         self.observed.saw_stream_seq(point);
         let deadline = tokio::time::Instant::now() + patience;

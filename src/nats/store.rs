@@ -3,8 +3,8 @@
 //! a quorum point, find a key's message after a revision (a lost answer's
 //! check), and read the stream's last sequence. [`NatsStore`] is the
 //! async-nats implementation; a fault is a wrapper around a store, never a
-//! branch inside one (the fault build's [`UnguardedWrites`], and the
-//! tests' scripted stores in `store/scripted.rs`).
+//! branch inside one (the fault build's [`Faulty`], and the tests'
+//! scripted stores in `store/scripted.rs`).
 //!
 //! The follower's consumer, a watch's history and the expirer's lease read
 //! the bucket through async-nats directly: they are not a call's requests,
@@ -163,32 +163,44 @@ impl Store for NatsStore {
     }
 }
 
-/// The fault build's broken store (`shared::faults::unguarded_writes`):
-/// every compare-and-set is a plain put, which the fault runs' checker
-/// must catch.
-pub(super) struct UnguardedWrites<S>(pub(super) S);
+/// The fault build's broken stores, which the fault runs' checker must
+/// catch: every compare-and-set a plain put
+/// (`shared::faults::unguarded_writes`), or quorum points answered at once
+/// with nothing written, so whatever the mirror holds stands
+/// (`shared::faults::unconfirmed_reads`).
+pub(super) struct Faulty<S> {
+    pub(super) store: S,
+    pub(super) unguarded_writes: bool,
+    pub(super) unconfirmed_reads: bool,
+}
 
 #[async_trait]
-impl<S: Store> Store for UnguardedWrites<S> {
+impl<S: Store> Store for Faulty<S> {
     async fn entry(&self, key: &str) -> Result<Option<Stored>, StoreFailure> {
-        self.0.entry(key).await
+        self.store.entry(key).await
     }
 
     async fn update(
         &self,
         key: &str,
         value: Bytes,
-        _expected: KvRevision,
+        expected: KvRevision,
     ) -> Result<KvRevision, StoreFailure> {
-        self.0.put(key, value).await
+        if self.unguarded_writes {
+            return self.store.put(key, value).await;
+        }
+        self.store.update(key, value, expected).await
     }
 
     async fn put(&self, key: &str, value: Bytes) -> Result<KvRevision, StoreFailure> {
-        self.0.put(key, value).await
+        if self.unconfirmed_reads {
+            return Ok(KvRevision::NONE);
+        }
+        self.store.put(key, value).await
     }
 
     async fn purge(&self, key: &str, expected: KvRevision) -> Result<(), StoreFailure> {
-        self.0.purge(key, expected).await
+        self.store.purge(key, expected).await
     }
 
     async fn message_after(
@@ -196,15 +208,15 @@ impl<S: Store> Store for UnguardedWrites<S> {
         key: &str,
         revision: KvRevision,
     ) -> Result<Option<(KvRevision, Bytes)>, StoreFailure> {
-        self.0.message_after(key, revision).await
+        self.store.message_after(key, revision).await
     }
 
     async fn holds(&self, key: &str, revision: KvRevision) -> Result<bool, StoreFailure> {
-        self.0.holds(key, revision).await
+        self.store.holds(key, revision).await
     }
 
     async fn last_sequence(&self) -> Result<u64, StoreFailure> {
-        self.0.last_sequence().await
+        self.store.last_sequence().await
     }
 }
 
