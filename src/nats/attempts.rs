@@ -13,20 +13,26 @@
 //! The policy:
 //! - An attempt decides on the entry this replica last wrote (once, on the
 //!   first attempt) or on a fresh read. A write is a compare-and-set over
-//!   the revision decided on; a conflict sends the call round again.
+//!   the revision decided on; a conflict sends the call round again, once
+//!   the key's first message after that revision shows it is not this
+//!   write: a stream leader that a partition deposed without its knowing
+//!   can answer "wrong last sequence" to a write the new leader commits
+//!   (both receive it while a partition heals, and the first answer wins;
+//!   the fault runs' majority/minority split found a Start answered as its
+//!   own replay that way).
 //! - An answer that writes nothing stands only once the entry it was
 //!   decided on is confirmed the key's latest at a quorum point after the
 //!   call arrived; else the call goes round again. Once one went
 //!   unconfirmed, a later one decided on a live entry is confirmed by
 //!   writing that entry back unchanged (without its events), which on a
 //!   busy session lands where a quorum point would keep losing.
-//! - A conflict met by a write whose earlier try went unanswered may be the
-//!   write itself: the key's first write after the expected revision tells.
-//!   If it is this write, the call answers what it decided; if it is
-//!   another and the expected revision is still held (so nothing between
-//!   was dropped), the write did not land and the call goes round again;
-//!   else nobody can tell and the call gives up as unavailable, never
-//!   writing a second time.
+//! - If that first message is this write, the call answers what it
+//!   decided. If it is another's after a conflict answered at once, the
+//!   write did not land. After a try that went unanswered (its retry then
+//!   meeting its own write is the usual case) the rule is stricter: the
+//!   write did not land only if the expected revision is still held, so
+//!   nothing between was dropped; else nobody can tell and the call gives
+//!   up as unavailable, never writing a second time.
 //! - After `max_attempts` attempts the call gives up as contended.
 
 use super::entry::KvRevision;
@@ -147,7 +153,8 @@ pub enum Command<E, A> {
 pub enum Written {
     /// It landed at this revision.
     At(KvRevision),
-    /// Another write came first.
+    /// Answered "another write came first" (which a deposed stream leader
+    /// may answer to a write the new leader commits).
     Conflict,
     /// A try went unanswered and a later one met a conflict: that may be
     /// the write's own first try.
@@ -195,6 +202,9 @@ pub struct CallAttempts<E, A> {
     /// The entry read, kept to be written back once an answer went
     /// unconfirmed.
     rewritable: Option<E>,
+    /// The write in flight met its conflict after a try that went
+    /// unanswered.
+    after_unanswered: bool,
     pending: Pending<E, A>,
 }
 
@@ -211,6 +221,7 @@ impl<E: Stored, A> CallAttempts<E, A> {
             expected: KvRevision::NONE,
             read: None,
             rewritable: None,
+            after_unanswered: false,
             pending: Pending::Done,
         }
     }
@@ -301,13 +312,12 @@ impl<E: Stored, A> CallAttempts<E, A> {
     pub fn written(&mut self, written: Written) -> Command<E, A> {
         match written {
             Written::At(revision) => self.landed(revision),
-            Written::Conflict => {
-                self.lost += 1;
-                self.attempt()
+            Written::Conflict | Written::ConflictAfterUnanswered => {
+                self.after_unanswered = written == Written::ConflictAfterUnanswered;
+                Command::Request(Request::Successor {
+                    expected: self.expected,
+                })
             }
-            Written::ConflictAfterUnanswered => Command::Request(Request::Successor {
-                expected: self.expected,
-            }),
         }
     }
 
@@ -315,6 +325,12 @@ impl<E: Stored, A> CallAttempts<E, A> {
     pub fn successor(&mut self, successor: Successor) -> Command<E, A> {
         if successor.ours {
             return self.landed(successor.revision);
+        }
+        if !self.after_unanswered {
+            // Answered at once: the write was sent once, and the first
+            // message after what it expected is another's.
+            self.lost += 1;
+            return self.attempt();
         }
         if self.expected == KvRevision::NONE {
             // A create: what it was written over is no message at all, so

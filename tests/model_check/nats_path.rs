@@ -366,6 +366,11 @@ pub enum Effect {
     /// revision it expected); it is answered. `after_another_write`: the
     /// key had moved past it.
     Recognised { after_another_write: bool },
+    /// A write landed and a deposed stream leader answered it "conflict".
+    ConflictAnswered,
+    /// The same write found as the successor of the revision it expected,
+    /// and answered as the call's own.
+    RecognisedAfterConflict,
     /// A retry met a conflict after an unanswered try, and the successor
     /// of the expected revision is another call's: the write did not land,
     /// and the call goes round again.
@@ -491,6 +496,9 @@ pub enum Action {
     WriteAckLost(u8),
     /// A try of the write goes unanswered without landing.
     WriteUnanswered(u8),
+    /// The write lands, and a deposed stream leader answers it "conflict"
+    /// first (both hold the stream's subject while a partition heals).
+    WriteConflictAnswered(u8),
 }
 
 impl NatsPath {
@@ -548,15 +556,22 @@ impl NatsPath {
                     // A compare-and-set lands only over the revision it
                     // expects: the key's first write after it is this
                     // call's, or this call's did not land.
+                    let resent = in_flight.resent;
                     let revision = small(expected) + 1;
                     let ours = state.store[usize::from(small(expected))].writer == call;
-                    state.last = Some(if ours {
-                        Effect::Recognised {
-                            after_another_write: revision < latest,
+                    let after_another_write = revision < latest;
+                    match (ours, resent) {
+                        (true, true) => {
+                            state.last = Some(Effect::Recognised {
+                                after_another_write,
+                            });
                         }
-                    } else {
-                        Effect::NotLanded
-                    });
+                        (true, false) => state.last = Some(Effect::RecognisedAfterConflict),
+                        (false, true) => state.last = Some(Effect::NotLanded),
+                        // A conflict answered at once, another's write next:
+                        // the conflict it was (`Effect::Conflict`).
+                        (false, false) => {}
+                    }
                     state.call(replica).attempts.successor(Successor {
                         revision: KvRevision::at(u64::from(revision)),
                         ours,
@@ -726,6 +741,7 @@ impl Model for NatsPath {
                     if self.acks != Acks::Reliable && !call.lost_try {
                         actions.push(Action::WriteAckLost(replica));
                         actions.push(Action::WriteUnanswered(replica));
+                        actions.push(Action::WriteConflictAnswered(replica));
                     }
                 }
                 Request::Write { .. } => {}
@@ -802,8 +818,10 @@ impl Model for NatsPath {
                 (in_flight.resent, in_flight.lost_try) = (true, true);
                 state.last = Some(Effect::Unanswered);
             }
-            Action::Write(replica) | Action::WriteAckLost(replica) => {
-                self.write(&mut state, replica, action == Action::Write(replica));
+            Action::Write(replica) => self.write(&mut state, replica, Answered::Acked),
+            Action::WriteAckLost(replica) => self.write(&mut state, replica, Answered::Not),
+            Action::WriteConflictAnswered(replica) => {
+                self.write(&mut state, replica, Answered::Conflict);
             }
         }
         Some(state)
@@ -909,10 +927,16 @@ impl Model for NatsPath {
             ));
         }
         if self.acks != Acks::Reliable {
-            properties.push(Property::sometimes(
-                "a write whose acknowledgement was lost is recognised as the call's own",
-                |_, s: &NatsState| matches!(s.last, Some(Effect::Recognised { .. })),
-            ));
+            properties.extend([
+                Property::sometimes(
+                    "a write whose acknowledgement was lost is recognised as the call's own",
+                    |_, s: &NatsState| matches!(s.last, Some(Effect::Recognised { .. })),
+                ),
+                Property::sometimes(
+                    "a write a deposed leader answered \"conflict\" is recognised as the call's own",
+                    |_, s: &NatsState| s.last == Some(Effect::RecognisedAfterConflict),
+                ),
+            ]);
         }
         if self.acks == Acks::Lost {
             properties.extend([
@@ -941,8 +965,8 @@ impl Model for NatsPath {
 
 impl NatsPath {
     /// The replica's write try: compare-and-set (or a plain put under a
-    /// mutation); `acked`: its answer arrives.
-    fn write(&self, state: &mut NatsState, replica: u8, acked: bool) {
+    /// mutation), answered as `answered` says when it lands.
+    fn write(&self, state: &mut NatsState, replica: u8, answered: Answered) {
         let latest = state.latest();
         let in_flight = state.call(replica);
         let Request::Write { expected } = in_flight.request else {
@@ -969,12 +993,22 @@ impl NatsPath {
         self.commit(state, replica, expected);
         let revision = state.latest();
         let in_flight = state.call(replica);
-        if !acked {
-            // `Inner::write` sends the same write again, which will meet a
-            // conflict: its own write, or later ones.
-            (in_flight.resent, in_flight.lost_try) = (true, true);
-            state.last = Some(Effect::AckLost);
-            return;
+        match answered {
+            Answered::Acked => {}
+            Answered::Not => {
+                // `Inner::write` sends the same write again, which will
+                // meet a conflict: its own write, or later ones.
+                (in_flight.resent, in_flight.lost_try) = (true, true);
+                state.last = Some(Effect::AckLost);
+                return;
+            }
+            Answered::Conflict => {
+                in_flight.lost_try = true;
+                let next = in_flight.attempts.written(Written::Conflict);
+                state.last = Some(Effect::ConflictAnswered);
+                self.run(state, replica, next);
+                return;
+            }
         }
         let effect = if in_flight.rewrite {
             Effect::Rewritten
@@ -990,6 +1024,17 @@ impl NatsPath {
         state.last = Some(effect);
         self.run(state, replica, next);
     }
+}
+
+/// How a write's try that lands is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answered {
+    /// With its revision.
+    Acked,
+    /// Not at all: it is sent again.
+    Not,
+    /// "Conflict", by a deposed stream leader.
+    Conflict,
 }
 
 /// Replica 0: Start, then Cancel fenced by response 1 (the first id

@@ -62,6 +62,21 @@ fn a_write_of(name: &'static str) -> Step<Entry, &'static str> {
     }
 }
 
+/// A write over `expected` is answered "conflict", and the key's next
+/// message is another's: what the machine does next.
+fn lost_to_another(attempts: &mut Attempts, expected: u64) -> Command<Entry, &'static str> {
+    assert_eq!(
+        attempts.written(Written::Conflict),
+        Command::Request(Request::Successor {
+            expected: KvRevision::at(expected)
+        })
+    );
+    attempts.successor(Successor {
+        revision: KvRevision::at(expected + 1),
+        ours: false,
+    })
+}
+
 /// Reads, decides `step` on what was read, and returns the next command.
 fn on_read(
     attempts: &mut Attempts,
@@ -80,7 +95,7 @@ fn the_first_attempt_decides_on_the_cached_entry_and_later_ones_on_a_read() {
     assert_eq!(attempts.entry_to_write(), Some(&entry("next")));
     // Another replica wrote since: the cache is not asked again.
     assert_eq!(
-        attempts.written(Written::Conflict),
+        lost_to_another(&mut attempts, 7),
         Command::Request(Request::Read)
     );
     assert_eq!(
@@ -216,6 +231,44 @@ fn a_lost_answer_is_recognised_from_the_successor_of_the_expected_revision() {
     assert_eq!(attempts.successor(successor), written("mine", 4));
 }
 
+/// A deposed stream leader answered "conflict" while the new one committed
+/// the write: the next message is the write's own, and the call answers
+/// what it decided instead of deciding again (and, for a Start, answering
+/// its own write as a replay).
+#[test]
+fn a_conflict_answered_for_a_write_that_landed_is_recognised() {
+    let mut attempts = Attempts::new(None, 4);
+    attempts.start();
+    on_read(&mut attempts, live(3, "read"), a_write_of("mine"));
+    assert_eq!(
+        attempts.written(Written::Conflict),
+        Command::Request(Request::Successor {
+            expected: KvRevision::at(3)
+        })
+    );
+    let mine = Successor {
+        revision: KvRevision::at(4),
+        ours: true,
+    };
+    assert_eq!(attempts.successor(mine), written("mine", 4));
+}
+
+/// A conflict answered at once whose next message is another's: the write
+/// did not land, whatever the history still holds (a create's too).
+#[test]
+fn a_conflict_answered_at_once_for_another_write_goes_round() {
+    let mut attempts = Attempts::new(None, 4);
+    attempts.start();
+    let absent = Read::Absent {
+        revision: KvRevision::NONE,
+    };
+    on_read(&mut attempts, absent, a_write_of("mine"));
+    assert_eq!(
+        lost_to_another(&mut attempts, 0),
+        Command::Request(Request::Read)
+    );
+}
+
 #[test]
 fn another_write_after_a_held_revision_means_the_write_did_not_land() {
     let mut attempts = Attempts::new(None, 4);
@@ -314,14 +367,14 @@ fn a_call_gives_up_as_contended_after_its_attempts() {
     attempts.start();
     attempts.decided(a_write_of("next"));
     assert_eq!(
-        attempts.written(Written::Conflict),
+        lost_to_another(&mut attempts, 1),
         Command::Request(Request::Read)
     );
     on_read(&mut attempts, live(2, "read"), Step::Confirm("noop"));
     assert_eq!(attempts.confirmed(false), Command::Request(Request::Read));
     on_read(&mut attempts, live(3, "read"), Step::Confirm("noop"));
     assert_eq!(
-        attempts.written(Written::Conflict),
+        lost_to_another(&mut attempts, 3),
         Command::GiveUp(GiveUp::Contended {
             lost: 2,
             unconfirmed: 1
