@@ -31,12 +31,23 @@ table() {
 confirmation skipped: an answer without a write is given at once|                    self.pending = Pending::Confirming(answer);
                     Command::Request(Request::Confirm { read: self.read })|                    self.answer(answer, CacheChange::Keep)
 ==
-successor not asked: a conflict after an unanswered try is any conflict|            Written::ConflictAfterUnanswered => Command::Request(Request::Successor {
-                expected: self.expected,
-            }),|            Written::ConflictAfterUnanswered => {
-                self.lost += 1;
+successor not asked: every conflict is taken as another write's|                self.after_unanswered = written == Written::ConflictAfterUnanswered;
+                Command::Request(Request::Successor {
+                    expected: self.expected,
+                })|                self.lost += 1;
                 self.attempt()
-            }
+==
+a conflict answered at once trusted: only one after an unanswered try is asked about|                self.after_unanswered = written == Written::ConflictAfterUnanswered;
+                Command::Request(Request::Successor {
+                    expected: self.expected,
+                })|                if written == Written::Conflict {
+                    self.lost += 1;
+                    return self.attempt();
+                }
+                self.after_unanswered = true;
+                Command::Request(Request::Successor {
+                    expected: self.expected,
+                })
 ==
 a create's landing guessed: the missing revision taken as held|        if self.expected == KvRevision::NONE {|        if false {
 ==
