@@ -154,9 +154,9 @@ impl Store for NatsStore {
     }
 
     async fn last_sequence(&self) -> Result<u64, StoreFailure> {
-        let mut stream = self.stream.clone();
-        let info = stream
-            .info()
+        let info = self
+            .stream
+            .get_info()
             .await
             .map_err(|error| StoreFailure::Unavailable(error.to_string()))?;
         Ok(info.state.last_sequence)
