@@ -1034,7 +1034,11 @@ async fn cancel_propagation_latency() {
     let b = connect(&server.endpoint()).await;
     let params = scenario_params("cancel_propagation_latency");
     let number = |key: &str| params[key].as_u64().expect("a number") as usize;
-    let (round_count, sessions) = (number("rounds"), number("sessions"));
+    let (round_count, warmup, sessions) = (
+        number("rounds"),
+        number("warmup_rounds"),
+        number("sessions"),
+    );
     // As a gateway serving these sessions does: every round then finds its
     // session's watch open (opened ahead, or lingering since the last).
     for session in 0..sessions {
@@ -1042,8 +1046,8 @@ async fn cancel_propagation_latency() {
             .unwrap()
             .open_watch();
     }
-    let mut latencies = Vec::with_capacity(round_count);
-    for round in 0..round_count {
+    let mut latencies = Vec::with_capacity(warmup + round_count);
+    for round in 0..warmup + round_count {
         let name = format!("latency-{}", round % sessions);
         let a_session = a.session(&name).unwrap();
         let b_session = b.session(&name).unwrap();
@@ -1075,14 +1079,23 @@ async fn cancel_propagation_latency() {
         sessions as u64,
         "every round reused its session's watch"
     );
-    latencies.sort();
-    let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
+    let summary = |samples: &[Duration]| {
+        let mut sorted = samples.to_vec();
+        sorted.sort();
+        let at = |q: f64| sorted[((sorted.len() as f64 - 1.0) * q).round() as usize];
+        format!(
+            "p50 {:?}, p99 {:?}, max {:?}",
+            at(0.50),
+            at(0.99),
+            sorted[sorted.len() - 1]
+        )
+    };
     println!(
-        "cancel propagation, B's call to A's body stopped, {round_count} rounds over loopback: \
-         p50 {:?}, p99 {:?}, max {:?}",
-        at(0.50),
-        at(0.99),
-        latencies[latencies.len() - 1]
+        "cancel propagation (rust, B's call to A's body stopped, over loopback): \
+         first {round_count} rounds {}; last {round_count} of {} {}",
+        summary(&latencies[..round_count]),
+        warmup + round_count,
+        summary(&latencies[latencies.len() - round_count..]),
     );
     server.stop().await;
 }

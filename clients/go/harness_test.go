@@ -18,7 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -257,7 +257,13 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(max(rank, 0), len(sorted)-1)]
 }
 
-func sortDurations(d []time.Duration) { sort.Slice(d, func(i, j int) bool { return d[i] < d[j] }) }
+// latencySummary is p50, p99 and max of samples, as the latency scenarios
+// print them; samples is left as it was.
+func latencySummary(samples []time.Duration) string {
+	sorted := slices.Clone(samples)
+	slices.Sort(sorted)
+	return fmt.Sprintf("p50 %s, p99 %s, max %s", ms(percentile(sorted, 50)), ms(percentile(sorted, 99)), ms(sorted[len(sorted)-1]))
+}
 
 // rng is a deterministic xorshift generator (as the TypeScript suite's), so
 // a failing round can be replayed.

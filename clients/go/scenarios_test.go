@@ -423,7 +423,7 @@ var implementations = map[string]func(t *testing.T, s scenario){
 	},
 
 	"cancel_propagation_latency": func(t *testing.T, s scenario) {
-		rounds, sessions := s.number(t, "rounds"), s.number(t, "sessions")
+		rounds, warmup, sessions := s.number(t, "rounds"), s.number(t, "warmup_rounds"), s.number(t, "sessions")
 		server := startFixture(t)
 		a, b := connect(t, server.Grpc), connect(t, server.Grpc)
 		// A serves these sessions: it opens their watches ahead.
@@ -431,8 +431,8 @@ var implementations = map[string]func(t *testing.T, s scenario){
 			session(t, a, fmt.Sprintf("latency-%d", i)).OpenWatch()
 		}
 		until(t, "A's watches are open", func() bool { return a.WatchStatus().Opened == sessions })
-		samples := make([]time.Duration, 0, rounds)
-		for round := range rounds {
+		samples := make([]time.Duration, 0, warmup+rounds)
+		for round := range warmup + rounds {
 			name := fmt.Sprintf("latency-%d", round%sessions)
 			fences, runs := runEndless(session(t, a, name))
 			id := within(t, "A's body starts", fences, patience).ID()
@@ -457,9 +457,8 @@ var implementations = map[string]func(t *testing.T, s scenario){
 		}
 		st := a.WatchStatus()
 		check(t, st.Opened == sessions, "%d watches opened in all, every later round reusing its session's: %+v", sessions, st)
-		sortDurations(samples)
-		line := fmt.Sprintf("cancel propagation (go, %d rounds, B's call to A's run returning): p50 %s, p99 %s, max %s",
-			rounds, ms(percentile(samples, 50)), ms(percentile(samples, 99)), ms(samples[len(samples)-1]))
+		line := fmt.Sprintf("cancel propagation (go, B's call to A's run returning): first %d rounds %s; last %d of %d %s",
+			rounds, latencySummary(samples[:rounds]), rounds, warmup+rounds, latencySummary(samples[len(samples)-rounds:]))
 		fmt.Println(line)
 		t.Log(line)
 	},
@@ -590,12 +589,8 @@ var implementations = map[string]func(t *testing.T, s scenario){
 				cold = append(cold, took)
 			}
 		}
-		summary := func(samples []time.Duration) string {
-			sortDurations(samples)
-			return fmt.Sprintf("p50 %s, p99 %s, max %s", ms(percentile(samples, 50)), ms(percentile(samples, 99)), ms(samples[len(samples)-1]))
-		}
 		line := fmt.Sprintf("stop after start (go, %d rounds, B's cancel right after A's Start reply to A's response stopped): watch opened ahead %s; not ahead %s",
-			rounds, summary(ahead), summary(cold))
+			rounds, latencySummary(ahead), latencySummary(cold))
 		fmt.Println(line)
 		t.Log(line)
 	},

@@ -209,6 +209,15 @@ def percentile(sorted_values: list[float], p: float) -> float:
     return sorted_values[int(rank)]
 
 
+def latency_summary(millis: list[float]) -> str:
+    """p50, p99 and max of latencies in milliseconds, as the latency scenarios print them."""
+    ordered = sorted(millis)
+    return (
+        f"p50 {percentile(ordered, 50):.2f} ms, p99 {percentile(ordered, 99):.2f} ms, "
+        f"max {ordered[-1]:.2f} ms"
+    )
+
+
 def rng(seed: int) -> random.Random:
     """A seeded generator, so a failing round can be replayed."""
     return random.Random(seed)

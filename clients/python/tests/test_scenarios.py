@@ -24,8 +24,8 @@ from harness import (
     Recording,
     Scenario,
     free_port,
+    latency_summary,
     load_scenarios,
-    percentile,
     rng,
     within,
 )
@@ -404,17 +404,10 @@ async def stop_right_after_start_reply(spec: Scenario, servers: Servers) -> None
         assert stop_seen, f"round {round_}: the fence closed"
         millis[ahead].append((stop_seen[0] - began) * 1000)
 
-    def summary(values: list[float]) -> str:
-        values.sort()
-        return (
-            f"p50 {percentile(values, 50):.2f} ms, p99 {percentile(values, 99):.2f} ms, "
-            f"max {values[-1]:.2f} ms"
-        )
-
     print(
         f"stop after start (python, {rounds} rounds, B's Cancel right after A's Start reply "
-        f"to A's fence turning false): watch opened ahead {summary(millis[True])}; "
-        f"not ahead {summary(millis[False])}"
+        f"to A's fence turning false): watch opened ahead {latency_summary(millis[True])}; "
+        f"not ahead {latency_summary(millis[False])}"
     )
 
 
@@ -510,6 +503,7 @@ async def mutual_tls_with_scoped_token(spec: Scenario, servers: Servers) -> None
 @scenario
 async def cancel_propagation_latency(spec: Scenario, servers: Servers) -> None:
     rounds = spec.number("rounds")
+    warmup = spec.number("warmup_rounds")
     sessions = spec.number("sessions")
     server = await servers.fixture()
     a = await servers.client(server.grpc)
@@ -520,7 +514,7 @@ async def cancel_propagation_latency(spec: Scenario, servers: Servers) -> None:
         a.session(f"latency-{i}").open_watch()
     await until("every watch's stream is open", lambda: a.watch_status().opened == sessions)
     millis: list[float] = []
-    for round_ in range(rounds):
+    for round_ in range(warmup + rounds):
         session = f"latency-{round_ % sessions}"
         fence = new_future()
         run = asyncio.ensure_future(a.session(session).run(respcoord.Source.CLIENT, endless(fence)))
@@ -545,11 +539,10 @@ async def cancel_propagation_latency(spec: Scenario, servers: Servers) -> None:
         millis.append((stop_seen[0] - began) * 1000)
         assert isinstance(outcome, respcoord.Stopped), f"round {round_}: {outcome!r}"
     assert a.watch_status().opened == sessions, f"every round reused a watch: {a.watch_status()}"
-    millis.sort()
     print(
-        f"cancel propagation (python, {rounds} rounds, B's call to A's fence turning false): "
-        f"p50 {percentile(millis, 50):.2f} ms, p99 {percentile(millis, 99):.2f} ms, "
-        f"max {millis[-1]:.2f} ms"
+        "cancel propagation (python, B's call to A's fence turning false): "
+        f"first {rounds} rounds {latency_summary(millis[:rounds])}; "
+        f"last {rounds} of {warmup + rounds} {latency_summary(millis[-rounds:])}"
     )
 
 

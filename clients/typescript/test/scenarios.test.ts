@@ -400,6 +400,7 @@ const implementations: Record<string, Implementation> = {
   cancel_propagation_latency: (scenario) =>
     scoped(async (scope) => {
       const rounds = numberParam(scenario, "rounds");
+      const warmup = numberParam(scenario, "warmup_rounds");
       const sessions = numberParam(scenario, "sessions");
       const server = await fixture(scope);
       const a = await scope.client(server.addresses.grpc);
@@ -408,7 +409,7 @@ const implementations: Record<string, Implementation> = {
       for (let i = 0; i < sessions; i += 1) a.session(`latency-${i}`).openWatch();
       await until("A's watches are open", () => a.watchStatus().opened === sessions);
       const millis: number[] = [];
-      for (let round = 0; round < rounds; round += 1) {
+      for (let round = 0; round < warmup + rounds; round += 1) {
         const session = `latency-${round % sessions}`;
         const fence = deferred<Fence>();
         const run = a.session(session).run("client", endless(fence));
@@ -428,7 +429,10 @@ const implementations: Record<string, Implementation> = {
       }
       const status = a.watchStatus();
       assert.equal(status.opened, sessions, `every later round reused its session's watch: ${JSON.stringify(status)}`);
-      console.log(`cancel propagation (typescript, ${rounds} rounds, B's call to A's run returning): ${summary(millis)}`);
+      console.log(
+        `cancel propagation (typescript, B's call to A's run returning): first ${rounds} rounds ${summary(millis.slice(0, rounds))}; ` +
+          `last ${rounds} of ${warmup + rounds} ${summary(millis.slice(-rounds))}`,
+      );
     }),
 
   session_watch_follows_live_responses: (scenario) =>
