@@ -1,8 +1,11 @@
 //! `respcoord-bench cluster`: the NATS backend's Start/Finish over gRPC
 //! against raw JetStream KV compare-and-set on the same server, same
-//! concurrency, in one run; then GetState (a linearizable read: one shared
-//! quorum point, docs/cluster.md) against a raw KV read of the stream leader
-//! (which a deposed leader can serve stale).
+//! concurrency, in one run: alone, with a follower reading every write, and
+//! behind the same gRPC transport (`floor`); then GetState (a linearizable
+//! read: one shared quorum point, docs/cluster.md) against a raw KV read of
+//! the stream leader (which a deposed leader can serve stale).
+
+mod floor;
 
 use std::{
     process::ExitCode,
@@ -89,7 +92,7 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("connect {}: {e}", args.nats_url))?;
     let js = jetstream::new(client);
-    let (mut raw, followed, mut raw_reads) = raw_sides(&js, &args).await?;
+    let mut baselines = raw_sides(&js, &args).await?;
 
     // respcoord on a bucket of its own: Start, then Finish, per session.
     let bucket = bench_bucket("coord");
@@ -120,23 +123,28 @@ pub async fn cluster_run(args: ClusterArgs) -> Result<(), String> {
     }
     let _ = js.delete_key_value(&bucket).await;
 
-    print_ratios(
-        &mut raw,
-        &mut coordinated,
-        followed,
-        &mut raw_reads,
-        &mut states,
-    );
+    print_ratios(&mut baselines, &mut coordinated, &mut states);
     Ok(())
 }
 
-/// The baselines on a bucket of their own: raw compare-and-set, the same
-/// with a follower reading every write (and the writes it was delivered),
-/// and raw reads.
+/// The baselines, measured on a bucket of their own.
+struct Baselines {
+    /// Raw compare-and-set.
+    raw: Side,
+    /// The same with a follower reading every write, and the writes it
+    /// was delivered.
+    followed: (Side, u64),
+    /// The same again behind the gRPC transport (`floor`), called as
+    /// respcoord is, and the writes its follower was delivered.
+    floor: (Side, u64),
+    /// Raw reads.
+    reads: Side,
+}
+
 async fn raw_sides(
     js: &async_nats::jetstream::Context,
     args: &ClusterArgs,
-) -> Result<(Side, (Side, u64), Side), String> {
+) -> Result<Baselines, String> {
     let (raw_bucket, kv) = raw_bucket(js, args).await?;
     let keys = args.concurrency * args.sessions_per_caller;
     let raw_writes = RawWrites {
@@ -160,25 +168,28 @@ async fn raw_sides(
     // The same compare-and-set while one ordered consumer reads every write,
     // as each respcoord replica's follower does to serve watches and keep its
     // mirror: the bound of a design where every replica sees every write.
-    let followed = {
-        let stream = js
-            .get_stream(format!("KV_{raw_bucket}"))
-            .await
-            .map_err(|e| format!("raw stream: {e}"))?;
-        let stop = CancellationToken::new();
-        let follower = tokio::spawn(follow_all(stream, stop.clone()));
+    let stream = js
+        .get_stream(format!("KV_{raw_bucket}"))
+        .await
+        .map_err(|e| format!("raw stream: {e}"))?;
+    let followed = followed_by(&stream, async {
         let writes = raw_writes.clone();
-        let side = drive(args.concurrency, args.duration, move |lane, n| {
+        Ok(drive(args.concurrency, args.duration, move |lane, n| {
             writes.clone().write(lane, n)
         })
-        .await;
+        .await)
+    })
+    .await?;
+    // Behind gRPC: the same callers and client as respcoord's side.
+    let floor = followed_by(&stream, async {
+        let stop = CancellationToken::new();
+        let url = floor::serve(raw_writes.clone(), stop.clone()).await?;
+        let clients = connect_clients(&[url], args.concurrency).await?;
+        let side = start_finish(args, clients).await;
         stop.cancel();
-        let delivered = follower
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("follower: {e}"))?;
-        (side, delivered)
-    };
+        Ok(side)
+    })
+    .await?;
     let raw_reads = {
         let kv = kv.clone();
         drive(args.concurrency, args.duration, move |lane, n| {
@@ -191,7 +202,30 @@ async fn raw_sides(
         .await
     };
     let _ = js.delete_key_value(&raw_bucket).await;
-    Ok((raw, followed, raw_reads))
+    Ok(Baselines {
+        raw,
+        followed,
+        floor,
+        reads: raw_reads,
+    })
+}
+
+/// Runs `side` while one ordered consumer reads every new message of
+/// `stream`, as each respcoord replica's follower does to serve watches
+/// and keep its mirror: the side, and how many writes the follower read.
+async fn followed_by(
+    stream: &async_nats::jetstream::stream::Stream,
+    side: impl std::future::Future<Output = Result<Side, String>>,
+) -> Result<(Side, u64), String> {
+    let stop = CancellationToken::new();
+    let follower = tokio::spawn(follow_all(stream.clone(), stop.clone()));
+    let side = side.await;
+    stop.cancel();
+    let delivered = follower
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("follower: {e}"))?;
+    Ok((side?, delivered))
 }
 
 /// The baseline's bucket, laid out as the backend lays out its own
@@ -326,28 +360,30 @@ async fn start_finish(args: &ClusterArgs, clients: Arc<Vec<Client>>) -> Side {
 }
 
 /// The figures, and respcoord's against the baselines'.
-fn print_ratios(
-    raw: &mut Side,
-    coordinated: &mut Side,
-    followed: (Side, u64),
-    raw_reads: &mut Side,
-    states: &mut Side,
-) {
-    let (raw_rate, raw_p99) = raw.print("raw KV CAS");
+fn print_ratios(baselines: &mut Baselines, coordinated: &mut Side, states: &mut Side) {
+    let (raw_rate, raw_p99) = baselines.raw.print("raw KV CAS");
     let (rate, p99) = coordinated.print("respcoord (nats) calls");
     println!(
         "ratio respcoord/raw: throughput {:.2}x, p99 {:.2}x",
         rate / raw_rate.max(1e-9),
         p99 as f64 / (raw_p99.max(1)) as f64
     );
-    let (mut followed, delivered) = followed;
+    let (followed, delivered) = &mut baselines.followed;
     let (followed_rate, followed_p99) = followed.print("raw CAS + a follower");
     println!(
         "ratio respcoord/raw CAS with a follower ({delivered} writes delivered to it): throughput {:.2}x, p99 {:.2}x",
         rate / followed_rate.max(1e-9),
         p99 as f64 / (followed_p99.max(1)) as f64
     );
-    let (read_rate, read_p99) = raw_reads.print("raw KV read");
+    let (floor, delivered) = &mut baselines.floor;
+    let (floor_rate, floor_p99) = floor.print("gRPC + CAS + follower");
+    println!(
+        "ratio respcoord/gRPC floor (Start and Finish each one raw CAS behind tonic, a follower beside, \
+         {delivered} writes delivered): throughput {:.2}x, p99 {:.2}x",
+        rate / floor_rate.max(1e-9),
+        p99 as f64 / (floor_p99.max(1)) as f64
+    );
+    let (read_rate, read_p99) = baselines.reads.print("raw KV read");
     let (state_rate, state_p99) = states.print("respcoord GetState");
     println!(
         "ratio GetState/raw read: throughput {:.2}x, p99 {:.2}x; GetState/raw CAS: throughput {:.2}x",
@@ -369,8 +405,12 @@ struct RawWrites {
 
 impl RawWrites {
     async fn write(self, lane: usize, n: u64) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
         let slot = lane * self.per_caller + (n as usize % self.per_caller);
+        self.write_slot(slot).await
+    }
+
+    async fn write_slot(self, slot: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
         let expected = self.revisions[slot].load(Relaxed);
         match self
             .kv

@@ -14,8 +14,10 @@
 //!
 //! - `respcoord-bench cluster`: the NATS backend's Start/Finish over gRPC
 //!   against raw JetStream KV compare-and-set (`update` with the revision it
-//!   got back, no read) on the same NATS server, same concurrency, in one run;
-//!   prints both and the ratio.
+//!   got back, no read) on the same NATS server, same concurrency, in one run:
+//!   alone, with a follower reading every write, and behind the same gRPC
+//!   transport (the floor: a tonic server whose Start and Finish are each one
+//!   such compare-and-set); prints each and the ratios.
 //!
 //! - `respcoord-bench failover`: a three-node nats-server cluster of its own
 //!   under load through two replicas, one node restarted (lame duck,
@@ -37,7 +39,7 @@
 //! One file per command (`wire`, `memory`, `cluster`, `failover`,
 //! `gateways`, `paired`; a larger one has a directory of its own parts:
 //! `failover/` holds the nats-server cluster and its faults, the gateways'
-//! load and the report), `servers` for the in-process servers (the empty
+//! load and the report; `cluster/` the floor's server), `servers` for the in-process servers (the empty
 //! ceiling and respcoord), `measure` for the machine and process probes
 //! (CPU, RSS, load) and the statistics.
 
