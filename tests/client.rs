@@ -728,21 +728,11 @@ async fn a_stop_right_after_a_start_reply_reaches_the_fence() {
             not_ahead.push(took);
         }
     }
-    let summary = |latencies: &mut Vec<Duration>| {
-        latencies.sort();
-        let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
-        format!(
-            "p50 {:?}, p99 {:?}, max {:?}",
-            at(0.50),
-            at(0.99),
-            latencies[latencies.len() - 1]
-        )
-    };
     println!(
         "stop after start, B's cancel sent as A's Start returns to A's fence, {rounds} rounds: \
          watch opened ahead {}; not ahead {}",
-        summary(&mut ahead),
-        summary(&mut not_ahead)
+        latency_summary(&ahead),
+        latency_summary(&not_ahead)
     );
     coordinator.stop().await;
 }
@@ -1079,23 +1069,25 @@ async fn cancel_propagation_latency() {
         sessions as u64,
         "every round reused its session's watch"
     );
-    let summary = |samples: &[Duration]| {
-        let mut sorted = samples.to_vec();
-        sorted.sort();
-        let at = |q: f64| sorted[((sorted.len() as f64 - 1.0) * q).round() as usize];
-        format!(
-            "p50 {:?}, p99 {:?}, max {:?}",
-            at(0.50),
-            at(0.99),
-            sorted[sorted.len() - 1]
-        )
-    };
     println!(
         "cancel propagation (rust, B's call to A's body stopped, over loopback): \
          first {round_count} rounds {}; last {round_count} of {} {}",
-        summary(&latencies[..round_count]),
+        latency_summary(&latencies[..round_count]),
         warmup + round_count,
-        summary(&latencies[latencies.len() - round_count..]),
+        latency_summary(&latencies[latencies.len() - round_count..]),
     );
     server.stop().await;
+}
+
+/// p50, p99 and max of `samples`, as the latency scenarios print them.
+fn latency_summary(samples: &[Duration]) -> String {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let at = |q: f64| sorted[((sorted.len() as f64 - 1.0) * q).round() as usize];
+    format!(
+        "p50 {:?}, p99 {:?}, max {:?}",
+        at(0.50),
+        at(0.99),
+        sorted[sorted.len() - 1]
+    )
 }
