@@ -504,7 +504,7 @@ async def mutual_tls_with_scoped_token(spec: Scenario, servers: Servers) -> None
 async def cancel_propagation_latency(spec: Scenario, servers: Servers) -> None:
     rounds = spec.number("rounds")
     # On NATS the scenario checks the other backend, not the latency of a
-    # warm gateway: no warm-up there (it would add 3,000 NATS rounds).
+    # warm gateway: no warm-up there (it would add thousands of NATS rounds).
     warmup = 0 if ON_NATS else spec.number("warmup_rounds")
     sessions = spec.number("sessions")
     server = await servers.fixture()
